@@ -1,0 +1,822 @@
+//! The run schema: one serde struct per module section, loaded from TOML,
+//! with defaults (an empty file is a valid config) and a `validate()` that
+//! reports every bad value with its full key path and what to change.
+//!
+//! Shape follows STYLE.md §12 (mistral.rs `config/mod.rs`, TRL's
+//! `__post_init__`): parse, validate once, then treat the value as frozen.
+//! Every struct carries `#[serde(default, deny_unknown_fields)]` so a typo in
+//! a key is an error naming the key, never a silently ignored setting.
+//!
+//! Adding a section: write its struct with a [`Section`] impl, then add one
+//! line to the `sections!` invocation that defines [`RunConfig`].
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Errors from loading, validating or printing a [`RunConfig`].
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("cannot read config {}: {source}", path.display())]
+    Io {
+        /// The file that was being read.
+        path: PathBuf,
+        /// The underlying I/O error.
+        source: std::io::Error,
+    },
+    /// The text is not valid TOML, or does not fit the schema (unknown key,
+    /// wrong type). `message` is toml's own, with line and column.
+    #[error("cannot parse config {}: {message}", path.display())]
+    Parse {
+        /// The file (or source name) that was being parsed.
+        path: PathBuf,
+        /// toml's message, including line/column and the offending key.
+        message: String,
+    },
+    /// The config parsed but some values are out of range; one problem per entry,
+    /// each of the form `key.path = value: what to change`.
+    #[error("invalid config:\n  {}", problems.join("\n  "))]
+    Invalid {
+        /// Every problem found, not just the first.
+        problems: Vec<String>,
+    },
+    /// The config could not be written back as TOML (only possible for values
+    /// that TOML cannot hold, such as a seed above `i64::MAX`).
+    #[error("cannot write config as TOML: {message}")]
+    Serialize {
+        /// toml's message.
+        message: String,
+    },
+}
+
+/// Collects validation problems so that `validate` can report all of them at once.
+#[derive(Debug, Default)]
+pub struct Problems(Vec<String>);
+
+impl Problems {
+    /// Records that `key` (a full dotted path) holds `value`, which breaks `rule`.
+    pub fn push(&mut self, key: &str, value: impl fmt::Debug, rule: &str) {
+        self.0.push(format!("{key} = {value:?}: {rule}"));
+    }
+
+    /// The problems recorded so far.
+    pub fn as_slice(&self) -> &[String] {
+        &self.0
+    }
+}
+
+/// A config section that can check its own values.
+pub trait Section {
+    /// Pushes one entry per bad value; `path` is the section's dotted key
+    /// (`"model"`, `"model.lora"`) to prefix each key with.
+    fn validate_into(&self, path: &str, problems: &mut Problems);
+}
+
+// Generates `RunConfig` and its validation walk from one list, so a new
+// section cannot be added to the struct yet forgotten by `validate`.
+macro_rules! sections {
+    ($( $(#[$doc:meta])* $field:ident : $ty:ty, )*) => {
+        /// A whole run's configuration: one field per module section.
+        #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        pub struct RunConfig {
+            $( $(#[$doc])* pub $field: $ty, )*
+        }
+
+        impl RunConfig {
+            fn validate_sections(&self, problems: &mut Problems) {
+                $( self.$field.validate_into(stringify!($field), problems); )*
+            }
+        }
+    };
+}
+
+sections! {
+    /// `[run]`: naming, seeding and where outputs go.
+    run: RunSection,
+    /// `[model]`: which checkpoint, precision, device and LoRA adapter.
+    model: ModelConfig,
+    /// `[generation]`: sampling settings for rollouts.
+    generation: GenerationConfig,
+    /// `[tasks]`: where the task set comes from and how to read it.
+    tasks: TasksConfig,
+}
+
+impl RunConfig {
+    /// Parses TOML text. `source` names where it came from (a file name) and
+    /// appears in error messages. Does not validate; call [`RunConfig::validate`].
+    pub fn from_toml_str(text: &str, source: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::from(source),
+            message: e.to_string(),
+        })
+    }
+
+    /// Reads and parses a TOML file. Does not validate; see [`RunConfig::load`].
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// Reads, parses and validates a TOML file: the one call a CLI needs.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let config = Self::from_file(path)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every value; on failure returns [`ConfigError::Invalid`] listing
+    /// all problems, one per entry.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Problems::default();
+        self.validate_sections(&mut problems);
+        if problems.0.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid {
+                problems: problems.0,
+            })
+        }
+    }
+
+    /// The resolved config (defaults filled in) as TOML, for `falcon config show`
+    /// and for the copy saved under `runs/<name>/`.
+    pub fn to_toml_string(&self) -> Result<String, ConfigError> {
+        toml::to_string(self).map_err(|e| ConfigError::Serialize {
+            message: e.to_string(),
+        })
+    }
+}
+
+// TOML integers are signed 64-bit, so a larger seed could never be written
+// back into the resolved config that a run saves.
+const MAX_TOML_INT: u64 = i64::MAX as u64;
+
+fn check_seed(key: &str, seed: u64, problems: &mut Problems) {
+    if seed > MAX_TOML_INT {
+        problems.push(
+            key,
+            seed,
+            "must be at most 9223372036854775807 (TOML integers are signed 64-bit)",
+        );
+    }
+}
+
+/// `[run]`: identifies a run and where its files go (`<output_dir>/<name>/`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunSection {
+    /// Run name; becomes a directory name under `output_dir`.
+    pub name: String,
+    /// Master seed from which every other seed of the run is derived.
+    pub seed: u64,
+    /// Parent directory of all runs.
+    pub output_dir: PathBuf,
+}
+
+impl Default for RunSection {
+    fn default() -> Self {
+        Self {
+            name: "default".to_owned(),
+            seed: 0,
+            output_dir: PathBuf::from("runs"),
+        }
+    }
+}
+
+impl RunSection {
+    /// The directory this run writes to: `<output_dir>/<name>`.
+    pub fn run_dir(&self) -> PathBuf {
+        self.output_dir.join(&self.name)
+    }
+}
+
+impl Section for RunSection {
+    fn validate_into(&self, path: &str, problems: &mut Problems) {
+        let name = &self.name;
+        // The name is joined onto output_dir, so anything that escapes it or
+        // nests directories would scatter run files.
+        if name.is_empty() || name == "." || name == ".." {
+            problems.push(
+                &format!("{path}.name"),
+                name,
+                "must be a non-empty directory name (not \".\" or \"..\")",
+            );
+        } else if name.contains(['/', '\\']) {
+            problems.push(
+                &format!("{path}.name"),
+                name,
+                "must not contain '/' or '\\'; set output_dir for the parent directory",
+            );
+        }
+        check_seed(&format!("{path}.seed"), self.seed, problems);
+        if self.output_dir.as_os_str().is_empty() {
+            problems.push(
+                &format!("{path}.output_dir"),
+                &self.output_dir,
+                "must not be empty (default \"runs\")",
+            );
+        }
+    }
+}
+
+/// Weight and compute precision.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// 32-bit float.
+    #[default]
+    Fp32,
+    /// bfloat16.
+    Bf16,
+    /// IEEE half precision.
+    Fp16,
+}
+
+impl Dtype {
+    /// The spelling used in configs and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dtype::Fp32 => "fp32",
+            Dtype::Bf16 => "bf16",
+            Dtype::Fp16 => "fp16",
+        }
+    }
+
+    /// The `torch_dtype` spelling of HF configs.
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Dtype::Fp32 => "float32",
+            Dtype::Bf16 => "bfloat16",
+            Dtype::Fp16 => "float16",
+        }
+    }
+}
+
+impl std::str::FromStr for Dtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "fp32" | "f32" | "float32" => Ok(Dtype::Fp32),
+            "bf16" | "bfloat16" => Ok(Dtype::Bf16),
+            "fp16" | "f16" | "float16" | "half" => Ok(Dtype::Fp16),
+            other => Err(format!("unknown dtype `{other}`: use fp32, bf16 or fp16")),
+        }
+    }
+}
+
+/// A parsed `model.device` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// CUDA device 0 if CUDA is available, else the CPU.
+    Auto,
+    /// The CPU.
+    Cpu,
+    /// A CUDA device: `None` for `"cuda"` (device 0), `Some(n)` for `"cuda:n"`.
+    Cuda(Option<usize>),
+}
+
+impl DeviceSpec {
+    /// Parses `auto`, `cpu`, `cuda` or `cuda:N` (N a decimal ordinal).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda(None)),
+            _ => {
+                let ordinal = s.strip_prefix("cuda:").ok_or_else(|| {
+                    "must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\" (N = 0, 1, ...)".to_owned()
+                })?;
+                // `usize::from_str` accepts a leading '+', which no device name has.
+                if ordinal.is_empty() || !ordinal.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(format!(
+                        "the ordinal after \"cuda:\" must be a non-negative integer, got {ordinal:?}"
+                    ));
+                }
+                ordinal
+                    .parse()
+                    .map(|n| Self::Cuda(Some(n)))
+                    .map_err(|_| format!("device ordinal {ordinal:?} is too large"))
+            }
+        }
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Cpu => f.write_str("cpu"),
+            Self::Cuda(None) => f.write_str("cuda"),
+            Self::Cuda(Some(n)) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// The path value that means "the model embedded in the binary".
+pub const EMBEDDED_DEFAULT_MODEL: &str = "embedded:smollm2-135m-instruct";
+
+/// `[model]`: the policy checkpoint and where it runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// A local HF-layout directory, or `embedded:<name>` for a bundled model.
+    pub path: String,
+    /// Precision for weights and compute.
+    pub dtype: Dtype,
+    /// `auto`, `cpu`, `cuda` or `cuda:N`; see [`DeviceSpec`].
+    pub device: String,
+    /// `[model.lora]`: optional LoRA adapter.
+    pub lora: LoraConfig,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            path: EMBEDDED_DEFAULT_MODEL.to_owned(),
+            dtype: Dtype::Fp32,
+            device: "auto".to_owned(),
+            lora: LoraConfig::default(),
+        }
+    }
+}
+
+impl ModelConfig {
+    /// The parsed device; errors carry the same message `validate` reports.
+    pub fn device_spec(&self) -> Result<DeviceSpec, String> {
+        DeviceSpec::parse(&self.device)
+    }
+}
+
+impl Section for ModelConfig {
+    fn validate_into(&self, path: &str, problems: &mut Problems) {
+        if self.path.trim().is_empty() {
+            problems.push(
+                &format!("{path}.path"),
+                &self.path,
+                &format!("must name a model directory or {EMBEDDED_DEFAULT_MODEL:?}"),
+            );
+        }
+        if let Err(rule) = self.device_spec() {
+            problems.push(&format!("{path}.device"), &self.device, &rule);
+        }
+        self.lora.validate_into(&format!("{path}.lora"), problems);
+    }
+}
+
+/// Module names a LoRA adapter may wrap (Qwen2 / Llama HF names).
+pub const LORA_TARGETS: &[&str] = &[
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+/// `[model.lora]`: a low-rank adapter on selected projections.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraConfig {
+    /// Train an adapter instead of the full weights.
+    pub enabled: bool,
+    /// Rank `r` of the update `B·A`.
+    pub rank: usize,
+    /// Scale numerator: the update is multiplied by `alpha / rank`.
+    pub alpha: f64,
+    /// Dropout on the adapter input, in `[0, 1)`.
+    pub dropout: f64,
+    /// Which projections get an adapter; names from [`LORA_TARGETS`].
+    pub targets: Vec<String>,
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            rank: 8,
+            alpha: 16.0,
+            dropout: 0.0,
+            targets: vec!["q_proj".to_owned(), "v_proj".to_owned()],
+        }
+    }
+}
+
+impl Section for LoraConfig {
+    // Checked even when disabled: a config that breaks only once someone
+    // flips `enabled` on is a trap.
+    fn validate_into(&self, path: &str, problems: &mut Problems) {
+        if self.rank < 1 {
+            problems.push(&format!("{path}.rank"), self.rank, "must be >= 1");
+        }
+        if !(self.alpha > 0.0 && self.alpha.is_finite()) {
+            problems.push(&format!("{path}.alpha"), self.alpha, "must be > 0");
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            problems.push(
+                &format!("{path}.dropout"),
+                self.dropout,
+                "must be in [0, 1)",
+            );
+        }
+        let key = format!("{path}.targets");
+        if self.targets.is_empty() {
+            problems.push(
+                &key,
+                &self.targets,
+                &format!("must list at least one of {}", LORA_TARGETS.join(", ")),
+            );
+        }
+        for (i, target) in self.targets.iter().enumerate() {
+            if !LORA_TARGETS.contains(&target.as_str()) {
+                problems.push(
+                    &format!("{key}[{i}]"),
+                    target,
+                    &format!("must be one of {}", LORA_TARGETS.join(", ")),
+                );
+            } else if self.targets[..i].contains(target) {
+                problems.push(
+                    &format!("{key}[{i}]"),
+                    target,
+                    "is listed twice; remove one",
+                );
+            }
+        }
+    }
+}
+
+/// `[generation]`: how rollouts sample from the policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GenerationConfig {
+    /// Tokens generated per completion at most.
+    pub max_new_tokens: usize,
+    /// Softmax temperature; 0 means greedy decoding.
+    pub temperature: f64,
+    /// Keep only the k most likely tokens; 0 turns the filter off.
+    pub top_k: usize,
+    /// Nucleus sampling mass in (0, 1]; 1 turns the filter off.
+    pub top_p: f64,
+    /// Generation stops once the completion contains any of these strings.
+    pub stop: Vec<String>,
+    /// Sampler seed; `None` derives it from `run.seed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+impl Default for GenerationConfig {
+    fn default() -> Self {
+        Self {
+            max_new_tokens: 256,
+            temperature: 0.8,
+            top_k: 0,
+            top_p: 1.0,
+            stop: Vec::new(),
+            seed: None,
+        }
+    }
+}
+
+impl Section for GenerationConfig {
+    fn validate_into(&self, path: &str, problems: &mut Problems) {
+        if self.max_new_tokens < 1 {
+            problems.push(
+                &format!("{path}.max_new_tokens"),
+                self.max_new_tokens,
+                "must be >= 1",
+            );
+        }
+        // TOML allows `nan` and `inf`; the negated comparisons reject NaN too.
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            problems.push(
+                &format!("{path}.temperature"),
+                self.temperature,
+                "must be >= 0 (0 = greedy)",
+            );
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            problems.push(
+                &format!("{path}.top_p"),
+                self.top_p,
+                "must be in (0, 1] (1 = off)",
+            );
+        }
+        for (i, stop) in self.stop.iter().enumerate() {
+            // An empty stop string matches at once and would end every completion.
+            if stop.is_empty() {
+                problems.push(
+                    &format!("{path}.stop[{i}]"),
+                    stop,
+                    "must not be empty; remove it",
+                );
+            }
+        }
+        if let Some(seed) = self.seed {
+            check_seed(&format!("{path}.seed"), seed, problems);
+        }
+    }
+}
+
+/// On-disk layout of a task file; see `docs/tasks.md`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskFormat {
+    /// Detect from the file's first record (and reject gzip with a hint).
+    #[default]
+    Auto,
+    /// falcon-rl's own JSONL, one `Task` per line.
+    Jsonl,
+    /// OpenAI HumanEval JSONL (`task_id`, `prompt`, `test`, `entry_point`, ...).
+    Humaneval,
+    /// MBPP: full `mbpp.jsonl` or sanitized `mbpp-sanitized.json`.
+    Mbpp,
+    /// PriCoder benchmarks (NumbaEval, NdonnxEval) JSONL.
+    Pricoder,
+}
+
+impl fmt::Display for TaskFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Jsonl => "jsonl",
+            Self::Humaneval => "humaneval",
+            Self::Mbpp => "mbpp",
+            Self::Pricoder => "pricoder",
+        })
+    }
+}
+
+/// `[tasks]`: the task set a run trains or evaluates on.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TasksConfig {
+    /// Task file; `None` means the command must be given one (or uses its own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// How to read `path`.
+    pub format: TaskFormat,
+    /// Skip (and count) malformed records instead of failing the load.
+    pub skip_invalid: bool,
+}
+
+impl Section for TasksConfig {
+    fn validate_into(&self, path: &str, problems: &mut Problems) {
+        if let Some(p) = &self.path {
+            if p.as_os_str().is_empty() {
+                problems.push(
+                    &format!("{path}.path"),
+                    p,
+                    "must not be empty; remove the key to leave it unset",
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems_of(text: &str) -> Vec<String> {
+        let config = RunConfig::from_toml_str(text, "test.toml").expect("parses");
+        match config.validate() {
+            Ok(()) => Vec::new(),
+            Err(ConfigError::Invalid { problems }) => problems,
+            Err(other) => panic!("unexpected error {other}"),
+        }
+    }
+
+    #[test]
+    fn empty_file_is_the_default_config_and_valid() {
+        let config = RunConfig::from_toml_str("", "empty.toml").unwrap();
+        assert_eq!(config, RunConfig::default());
+        config.validate().unwrap();
+        assert_eq!(config.run.name, "default");
+        assert_eq!(config.run.output_dir, PathBuf::from("runs"));
+        assert_eq!(config.model.path, EMBEDDED_DEFAULT_MODEL);
+        assert_eq!(config.model.dtype, Dtype::Fp32);
+        assert_eq!(config.model.device_spec(), Ok(DeviceSpec::Auto));
+        assert!(!config.model.lora.enabled);
+        assert_eq!(config.model.lora.targets, ["q_proj", "v_proj"]);
+        assert_eq!(config.generation.max_new_tokens, 256);
+        assert_eq!(config.generation.seed, None);
+        assert_eq!(config.tasks.format, TaskFormat::Auto);
+        assert_eq!(config.tasks.path, None);
+    }
+
+    #[test]
+    fn partial_sections_keep_other_defaults() {
+        let config = RunConfig::from_toml_str(
+            "[model.lora]\nenabled = true\n[generation]\ntop_k = 40\n",
+            "t.toml",
+        )
+        .unwrap();
+        assert!(config.model.lora.enabled);
+        assert_eq!(config.model.lora.rank, 8);
+        assert_eq!(config.generation.top_k, 40);
+        assert_eq!(config.generation.temperature, 0.8);
+    }
+
+    #[test]
+    fn unknown_key_is_rejected_with_its_name_and_file() {
+        let err = RunConfig::from_toml_str("[generation]\ntopp = 0.9\n", "my.toml").unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, ConfigError::Parse { .. }));
+        assert!(msg.contains("my.toml"), "{msg}");
+        assert!(msg.contains("topp"), "{msg}");
+        assert!(msg.contains("line 2"), "{msg}");
+
+        let msg = RunConfig::from_toml_str("[modle]\n", "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("modle"), "{msg}");
+        let msg = RunConfig::from_toml_str("[model.lora]\nranks = 4\n", "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("ranks"), "{msg}");
+    }
+
+    #[test]
+    fn syntax_error_keeps_line_and_column() {
+        let msg = RunConfig::from_toml_str("[run]\nname = \"x\"\nseed = = 3\n", "bad.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("bad.toml"), "{msg}");
+        assert!(msg.contains("line 3, column"), "{msg}");
+    }
+
+    #[test]
+    fn wrong_type_and_bad_enum_are_parse_errors() {
+        let msg = RunConfig::from_toml_str("[generation]\nmax_new_tokens = \"many\"\n", "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("max_new_tokens"), "{msg}");
+        let msg = RunConfig::from_toml_str("[model]\ndtype = \"fp8\"\n", "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("fp8") && msg.contains("bf16"), "{msg}");
+        let msg = RunConfig::from_toml_str("[run]\nseed = -1\n", "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("seed") || msg.contains("line 2"), "{msg}");
+    }
+
+    #[test]
+    fn validate_reports_key_path_value_and_rule() {
+        let problems = problems_of("[generation]\ntop_p = 1.5\n");
+        assert_eq!(
+            problems,
+            ["generation.top_p = 1.5: must be in (0, 1] (1 = off)"]
+        );
+    }
+
+    #[test]
+    fn validate_collects_every_problem() {
+        let problems = problems_of(
+            r#"
+            [run]
+            name = "../x"
+            [model]
+            device = "gpu"
+            [model.lora]
+            rank = 0
+            alpha = 0.0
+            dropout = 1.0
+            targets = ["q_proj", "qkv", "q_proj"]
+            [generation]
+            max_new_tokens = 0
+            temperature = -0.1
+            top_p = 0.0
+            stop = ["", "\n\n"]
+            "#,
+        );
+        let expected_keys = [
+            "run.name",
+            "model.device",
+            "model.lora.rank",
+            "model.lora.alpha",
+            "model.lora.dropout",
+            "model.lora.targets[1]",
+            "model.lora.targets[2]",
+            "generation.max_new_tokens",
+            "generation.temperature",
+            "generation.top_p",
+            "generation.stop[0]",
+        ];
+        assert_eq!(problems.len(), expected_keys.len(), "{problems:#?}");
+        for (problem, key) in problems.iter().zip(expected_keys) {
+            assert!(problem.starts_with(&format!("{key} = ")), "{problem}");
+        }
+        let err = ConfigError::Invalid { problems };
+        assert_eq!(err.to_string().lines().count(), 1 + expected_keys.len());
+    }
+
+    #[test]
+    fn nan_and_infinity_are_rejected() {
+        let problems = problems_of("[generation]\ntemperature = nan\ntop_p = nan\n");
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        let problems = problems_of("[generation]\ntemperature = inf\n[model.lora]\nalpha = inf\n");
+        assert_eq!(problems.len(), 2, "{problems:?}");
+    }
+
+    #[test]
+    fn empty_lora_targets_are_rejected() {
+        let problems = problems_of("[model.lora]\ntargets = []\n");
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].starts_with("model.lora.targets = []: must list"));
+    }
+
+    #[test]
+    fn device_syntax() {
+        assert_eq!(DeviceSpec::parse("auto"), Ok(DeviceSpec::Auto));
+        assert_eq!(DeviceSpec::parse("cpu"), Ok(DeviceSpec::Cpu));
+        assert_eq!(DeviceSpec::parse("cuda"), Ok(DeviceSpec::Cuda(None)));
+        assert_eq!(DeviceSpec::parse("cuda:3"), Ok(DeviceSpec::Cuda(Some(3))));
+        for bad in [
+            "", "CUDA", "gpu", "cuda:", "cuda:-1", "cuda:+1", "cuda:x", "cuda:0:1",
+        ] {
+            assert!(DeviceSpec::parse(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(DeviceSpec::parse("cuda:99999999999999999999999").is_err());
+        for ok in ["auto", "cpu", "cuda", "cuda:12"] {
+            assert_eq!(DeviceSpec::parse(ok).unwrap().to_string(), ok);
+        }
+    }
+
+    #[test]
+    fn seeds_above_i64_max_are_rejected() {
+        let mut config = RunConfig::default();
+        config.run.seed = u64::MAX;
+        config.generation.seed = Some(u64::MAX);
+        let Err(ConfigError::Invalid { problems }) = config.validate() else {
+            panic!("accepted")
+        };
+        assert_eq!(problems.len(), 2);
+        assert!(config.to_toml_string().is_err());
+    }
+
+    #[test]
+    fn toml_round_trip_keeps_every_value() {
+        let mut config = RunConfig::default();
+        config.run.name = "ablation-1".into();
+        config.model.device = "cuda:1".into();
+        config.model.dtype = Dtype::Bf16;
+        config.model.lora.enabled = true;
+        config.model.lora.targets = vec!["o_proj".into()];
+        config.generation.stop = vec!["\ndef ".into()];
+        config.generation.seed = Some(7);
+        config.tasks.path = Some(PathBuf::from("data/mbpp.jsonl"));
+        config.tasks.format = TaskFormat::Mbpp;
+        let text = config.to_toml_string().unwrap();
+        assert_eq!(
+            RunConfig::from_toml_str(&text, "shown.toml").unwrap(),
+            config
+        );
+
+        let default_text = RunConfig::default().to_toml_string().unwrap();
+        assert!(default_text.contains("[model.lora]"), "{default_text}");
+        assert!(!default_text.contains("seed = ") || default_text.contains("[run]"));
+        assert_eq!(
+            RunConfig::from_toml_str(&default_text, "d.toml").unwrap(),
+            RunConfig::default()
+        );
+    }
+
+    #[test]
+    fn missing_file_is_io_error_with_path() {
+        let err = RunConfig::from_file(Path::new("/nonexistent/falcon.toml")).unwrap_err();
+        assert!(matches!(err, ConfigError::Io { .. }));
+        assert!(err.to_string().contains("/nonexistent/falcon.toml"));
+    }
+
+    // STYLE.md §12: every shipped config must parse and validate.
+    #[test]
+    fn every_file_in_configs_loads_and_validates() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                RunConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
+                seen += 1;
+            }
+        }
+        assert!(
+            seen >= 2,
+            "expected at least default.toml and lora-smoke.toml in {}",
+            dir.display()
+        );
+    }
+
+    #[test]
+    fn default_toml_matches_built_in_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/default.toml");
+        assert_eq!(RunConfig::load(&path).unwrap(), RunConfig::default());
+    }
+}

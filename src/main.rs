@@ -1,0 +1,477 @@
+//! `falcon`: the command line. Subcommands, progress on stderr, exit codes
+//! (0 ok, 1 failure, 2 bad usage or input). Library errors become `anyhow`
+//! errors with context here and nowhere else.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use falcon_rl::config::RunConfig;
+use falcon_rl::model::device::{cuda_status, parse_device};
+use falcon_rl::model::export::{export_hf, export_peft, load_peft};
+use falcon_rl::model::gguf::{convert_to_hf, OutDtype};
+use falcon_rl::model::hub;
+use falcon_rl::model::sampling::Sampler;
+use falcon_rl::model::{ChatMessage, Dtype, GenerationParams, Generator, Policy};
+
+#[derive(Parser)]
+#[command(
+    name = "falcon",
+    version,
+    about = "falcon-rl: RL from execution feedback for code LMs"
+)]
+struct Cli {
+    /// CPU threads for libtorch (default: libtorch's own choice).
+    #[arg(long, global = true)]
+    threads: Option<i32>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Show versions, threads and whether CUDA is usable.
+    Info,
+    /// Generate completions for one or more prompts.
+    Generate(GenerateArgs),
+    /// Chat with a model interactively (one user turn per line; `/reset`, `/quit`).
+    Chat(ChatArgs),
+    /// Convert between model formats.
+    #[command(subcommand)]
+    Convert(ConvertCmd),
+    /// Write an HF model directory (and a PEFT adapter directory when LoRA is on).
+    Export(ExportArgs),
+    /// Check or show a run configuration.
+    #[command(subcommand)]
+    Config(ConfigCmd),
+    /// Write the model's logits for token ids to a safetensors file (parity checks).
+    Score(ScoreArgs),
+}
+
+#[derive(Args)]
+struct ScoreArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// JSON file: a list of equal-length lists of token ids.
+    #[arg(long)]
+    ids: PathBuf,
+    /// Output safetensors file with one fp32 tensor `logits` [batch, seq, vocab].
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Args, Clone)]
+struct ModelArgs {
+    /// Local HF directory, .gguf file, HF repo id in the local cache, or `embedded`.
+    #[arg(long, default_value = hub::EMBEDDED)]
+    model: String,
+    /// fp32, bf16 or fp16.
+    #[arg(long, default_value = "fp32")]
+    dtype: String,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// A PEFT LoRA adapter directory to attach.
+    #[arg(long)]
+    adapter: Option<PathBuf>,
+}
+
+#[derive(Args, Clone)]
+struct SamplingArgs {
+    #[arg(long, default_value_t = 256)]
+    max_new_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    /// 0 = off.
+    #[arg(long, default_value_t = 0)]
+    top_k: i64,
+    /// 1 = off.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop when this string appears (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// System message (chat mode).
+    #[arg(long)]
+    system: Option<String>,
+    /// Do not stop at end-of-sequence tokens (fixed-length benchmarks).
+    #[arg(long)]
+    ignore_eos: bool,
+}
+
+impl SamplingArgs {
+    fn params(&self, chat: bool) -> Result<GenerationParams> {
+        if self.temperature < 0.0 {
+            bail!("--temperature {}: must be >= 0", self.temperature);
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            bail!("--top-p {}: must be in (0, 1]", self.top_p);
+        }
+        if self.top_k < 0 {
+            bail!("--top-k {}: must be >= 0", self.top_k);
+        }
+        Ok(GenerationParams {
+            max_new_tokens: self.max_new_tokens,
+            sampler: Sampler {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+            },
+            seed: Some(self.seed),
+            stop: self.stop.clone(),
+            chat,
+            system: self.system.clone(),
+            ignore_eos: self.ignore_eos,
+        })
+    }
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// A prompt (repeatable; each is one row of the batch).
+    #[arg(long)]
+    prompt: Vec<String>,
+    /// A file with one JSON string or plain line per prompt.
+    #[arg(long)]
+    prompts_file: Option<PathBuf>,
+    /// Format each prompt as a user turn with the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// Repeat the prompt list N times in one batch (for throughput runs).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Print one JSON object per completion plus a summary line.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ChatArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+#[derive(Subcommand)]
+enum ConvertCmd {
+    /// GGUF (F32/F16/BF16/Q8_0/Q4_0/Q4_1) → HF directory (safetensors, config, tokenizer).
+    Gguf {
+        input: PathBuf,
+        output: PathBuf,
+        /// Weight dtype written: f32, bf16 or f16.
+        #[arg(long, default_value = "f32")]
+        dtype: String,
+    },
+}
+
+#[derive(Args)]
+struct ExportArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Where the HF model directory goes.
+    #[arg(long)]
+    out: PathBuf,
+    /// Where the PEFT adapter directory goes (default: <out>-adapter when an adapter is loaded).
+    #[arg(long)]
+    peft_out: Option<PathBuf>,
+    /// Replace existing output directories.
+    #[arg(long)]
+    overwrite: bool,
+}
+
+#[derive(Subcommand)]
+enum ConfigCmd {
+    /// Parse and validate; print every problem with its key path.
+    Check { file: PathBuf },
+    /// Print the resolved configuration, defaults included.
+    Show { file: PathBuf },
+}
+
+/// An error that is the user's to fix (exit code 2), not a failure of ours.
+#[derive(Debug)]
+struct UsageError(String);
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for UsageError {}
+
+fn load_policy(m: &ModelArgs) -> Result<Policy> {
+    let dtype: Dtype = m.dtype.parse().map_err(UsageError)?;
+    let device = parse_device(&m.device)?;
+    let dir = hub::resolve(&m.model)?;
+    let t0 = Instant::now();
+    let mut policy = Policy::load(&dir, dtype, device)
+        .with_context(|| format!("loading model from {}", dir.display()))?;
+    if let Some(a) = &m.adapter {
+        load_peft(&mut policy, a).with_context(|| format!("loading adapter {}", a.display()))?;
+    }
+    eprintln!(
+        "falcon: loaded {} ({:?}, {}, {:?}) in {:.1}s",
+        dir.display(),
+        policy.family,
+        dtype.as_str(),
+        device,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(policy)
+}
+
+fn read_prompts(args: &GenerateArgs) -> Result<Vec<String>> {
+    let mut prompts = args.prompt.clone();
+    if let Some(f) = &args.prompts_file {
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        for (i, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let p = if line.trim_start().starts_with('"') {
+                serde_json::from_str::<String>(line).map_err(|e| {
+                    UsageError(format!("{}:{}: not a JSON string: {e}", f.display(), i + 1))
+                })?
+            } else {
+                line.to_string()
+            };
+            prompts.push(p);
+        }
+    }
+    if prompts.is_empty() {
+        return Err(UsageError("no prompt: pass --prompt or --prompts-file".into()).into());
+    }
+    let n = prompts.len();
+    Ok(prompts
+        .into_iter()
+        .cycle()
+        .take(n * args.repeat.max(1))
+        .collect())
+}
+
+fn cmd_generate(args: GenerateArgs) -> Result<()> {
+    let prompts = read_prompts(&args)?;
+    let params = args.sampling.params(args.chat)?;
+    let policy = load_policy(&args.model)?;
+    let t0 = Instant::now();
+    let outs = policy.generate(&prompts, &params)?;
+    let secs = t0.elapsed().as_secs_f64();
+    let new_tokens: usize = outs.iter().map(|c| c.token_ids.len()).sum();
+    let tps = new_tokens as f64 / secs.max(1e-9);
+    if args.json {
+        for (p, c) in prompts.iter().zip(&outs) {
+            let v = serde_json::json!({ "prompt": p, "completion": c });
+            println!("{v}");
+        }
+        let summary = serde_json::json!({
+            "summary": { "batch": outs.len(), "new_tokens": new_tokens, "seconds": secs,
+                         "tokens_per_second": tps }
+        });
+        println!("{summary}");
+    } else {
+        for (i, c) in outs.iter().enumerate() {
+            if outs.len() > 1 {
+                println!("--- [{i}] ({:?}, {} tokens)", c.finish, c.token_ids.len());
+            }
+            println!("{}", c.text);
+        }
+    }
+    eprintln!(
+        "falcon: {} sequence(s), {new_tokens} new tokens in {secs:.2}s = {tps:.1} tokens/s",
+        outs.len()
+    );
+    Ok(())
+}
+
+fn cmd_chat(args: ChatArgs) -> Result<()> {
+    let params = args.sampling.params(true)?;
+    let policy = load_policy(&args.model)?;
+    let tok = policy.tokenizer()?;
+    let mut history: Vec<ChatMessage> = Vec::new();
+    if let Some(s) = &params.system {
+        history.push(ChatMessage::new("system", s));
+    }
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    loop {
+        write!(out, "> ")?;
+        out.flush()?;
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            break;
+        }
+        let line = line.trim();
+        match line {
+            "" => continue,
+            "/quit" | "/exit" => break,
+            "/reset" => {
+                history.retain(|m| m.role == "system");
+                continue;
+            }
+            _ => {}
+        }
+        history.push(ChatMessage::new("user", line));
+        let text = tok.apply_chat_template(&history, true)?;
+        let ids = tok.encode(&text, false)?;
+        let c = policy
+            .generate_ids(&[ids], &params)?
+            .pop()
+            .context("no completion returned")?;
+        println!("{}", c.text.trim_end());
+        history.push(ChatMessage::new("assistant", c.text.trim_end()));
+    }
+    Ok(())
+}
+
+fn cmd_export(args: ExportArgs) -> Result<()> {
+    let policy = load_policy(&args.model)?;
+    let dtype: Dtype = args.model.dtype.parse().map_err(UsageError)?;
+    let out = export_hf(&policy, &args.out, dtype, args.overwrite)?;
+    println!("wrote HF model directory {}", out.display());
+    if policy.lora.is_some() {
+        let peft_out = args
+            .peft_out
+            .clone()
+            .unwrap_or_else(|| sibling(&args.out, "-adapter"));
+        let p = export_peft(&policy, &peft_out, args.overwrite)?;
+        println!("wrote PEFT adapter directory {}", p.display());
+    }
+    Ok(())
+}
+
+fn sibling(p: &Path, suffix: &str) -> PathBuf {
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    p.with_file_name(format!("{name}{suffix}"))
+}
+
+fn cmd_config(cmd: ConfigCmd) -> Result<()> {
+    let (ConfigCmd::Check { file } | ConfigCmd::Show { file }) = &cmd;
+    let cfg = RunConfig::from_file(file).map_err(|e| UsageError(e.to_string()))?;
+    cfg.validate().map_err(|e| UsageError(e.to_string()))?;
+    match cmd {
+        ConfigCmd::Check { file } => println!("{}: ok", file.display()),
+        ConfigCmd::Show { .. } => print!("{}", cfg.to_toml_string()?),
+    }
+    Ok(())
+}
+
+fn cmd_score(args: ScoreArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&args.ids)
+        .with_context(|| format!("reading {}", args.ids.display()))?;
+    let ids: Vec<Vec<i64>> = serde_json::from_str(&text).map_err(|e| {
+        UsageError(format!(
+            "{}: not a list of lists of ids: {e}",
+            args.ids.display()
+        ))
+    })?;
+    let width = ids.first().map(Vec::len).unwrap_or(0);
+    if width == 0 || ids.iter().any(|r| r.len() != width) {
+        return Err(UsageError(format!(
+            "{}: rows must be non-empty and equally long",
+            args.ids.display()
+        ))
+        .into());
+    }
+    let policy = load_policy(&args.model)?;
+    let flat: Vec<i64> = ids.iter().flatten().copied().collect();
+    let input = tch::Tensor::from_slice(&flat)
+        .view([ids.len() as i64, width as i64])
+        .to_device(policy.device());
+    let logits = tch::no_grad(|| {
+        policy.model.forward(
+            &input,
+            None,
+            None,
+            falcon_rl::model::decoder::LogitsFor::All,
+            false,
+        )
+    })?
+    .to_kind(tch::Kind::Float);
+    falcon_rl::model::weights::save_safetensors(
+        &args.out,
+        &[("logits".to_string(), logits)],
+        None,
+    )?;
+    println!("wrote {}", args.out.display());
+    Ok(())
+}
+
+fn cmd_info() -> Result<()> {
+    let cuda = cuda_status();
+    println!("falcon-rl {}", env!("CARGO_PKG_VERSION"));
+    println!("libtorch threads: {}", tch::get_num_threads());
+    println!("cuda library loaded: {}", cuda.library_loaded);
+    println!("cuda devices: {}", cuda.device_count);
+    if let Some(r) = &cuda.reason {
+        println!("cuda unavailable: {r}");
+    }
+    match hub::embedded_gguf() {
+        Ok(p) => println!("embedded model: {}", p.display()),
+        Err(e) => println!("embedded model: {e}"),
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<()> {
+    if let Some(n) = cli.threads {
+        if n < 1 {
+            return Err(UsageError(format!("--threads {n}: must be >= 1")).into());
+        }
+        tch::set_num_threads(n);
+    }
+    // Probe CUDA before any tensor exists, so a GPU machine's libtorch_cuda
+    // registers itself first.
+    let _ = cuda_status();
+    match cli.cmd {
+        Cmd::Info => cmd_info(),
+        Cmd::Generate(a) => cmd_generate(a),
+        Cmd::Chat(a) => cmd_chat(a),
+        Cmd::Convert(ConvertCmd::Gguf {
+            input,
+            output,
+            dtype,
+        }) => {
+            let dt = match dtype.as_str() {
+                "f32" | "fp32" => OutDtype::F32,
+                "bf16" => OutDtype::BF16,
+                "f16" | "fp16" => OutDtype::F16,
+                o => return Err(UsageError(format!("--dtype {o}: use f32, bf16 or f16")).into()),
+            };
+            convert_to_hf(&input, &output, dt)?;
+            println!("wrote {}", output.display());
+            Ok(())
+        }
+        Cmd::Export(a) => cmd_export(a),
+        Cmd::Config(c) => cmd_config(c),
+        Cmd::Score(a) => cmd_score(a),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            if e.downcast_ref::<UsageError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}

@@ -1,0 +1,594 @@
+//! The decoder-only transformer shared by the Qwen2 and Llama families:
+//! RMSNorm, rotary position embeddings (HF's rotate-half layout, with the
+//! config's theta and optional llama3 frequency scaling), grouped-query
+//! attention through libtorch's `scaled_dot_product_attention`, and a SwiGLU
+//! MLP. The two families differ only in which projections carry a bias and in
+//! their `config.json` fields; `qwen2.rs` and `llama.rs` own those mappings.
+//!
+//! Follows transformers' `modeling_qwen2.py` / `modeling_llama.py` op for op
+//! (RMSNorm in fp32 then cast back; cos/sin in fp32 then cast), so fp32
+//! logits match the reference to ~1e-5.
+//!
+//! Padding is on the left; each sequence's positions start at 0 at its first
+//! real token, as `generate` in transformers computes them.
+
+use tch::nn::Path;
+use tch::{Device, Kind, Tensor};
+
+use super::lora::LoraLinear;
+use super::ModelError;
+
+/// Llama-3 style RoPE frequency scaling (`rope_scaling.rope_type = "llama3"`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Llama3RopeScaling {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: f64,
+}
+
+/// Architecture hyper-parameters, family-independent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecoderConfig {
+    pub vocab_size: i64,
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub num_hidden_layers: i64,
+    pub num_attention_heads: i64,
+    pub num_key_value_heads: i64,
+    pub head_dim: i64,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: Option<Llama3RopeScaling>,
+    /// Bias on q_proj, k_proj, v_proj.
+    pub qkv_bias: bool,
+    /// Bias on o_proj.
+    pub o_bias: bool,
+    /// Bias on gate_proj, up_proj, down_proj.
+    pub mlp_bias: bool,
+    pub tie_word_embeddings: bool,
+    pub max_position_embeddings: i64,
+}
+
+impl DecoderConfig {
+    /// Structural checks that would otherwise surface as shape panics deep in libtorch.
+    pub fn check(&self) -> Result<(), String> {
+        let pos = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+        ];
+        for (k, v) in pos {
+            if v <= 0 {
+                return Err(format!("{k} = {v}: must be positive"));
+            }
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err(format!(
+                "num_attention_heads = {} is not a multiple of num_key_value_heads = {}",
+                self.num_attention_heads, self.num_key_value_heads
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(format!(
+                "head_dim = {}: rotary embeddings need it even",
+                self.head_dim
+            ));
+        }
+        Ok(())
+    }
+
+    /// Rotary inverse frequencies, computed in fp32 like the reference.
+    fn inv_freq(&self) -> Vec<f32> {
+        let dim = self.head_dim;
+        let base = self.rope_theta as f32;
+        let mut inv: Vec<f32> = (0..dim)
+            .step_by(2)
+            .map(|i| 1.0f32 / base.powf(i as f32 / dim as f32))
+            .collect();
+        if let Some(s) = &self.rope_scaling {
+            // transformers' `_compute_llama3_parameters`.
+            let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+            let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+            for f in inv.iter_mut() {
+                let freq = *f as f64;
+                let wavelen = 2.0 * std::f64::consts::PI / freq;
+                let scaled = if wavelen > low_wavelen {
+                    freq / s.factor
+                } else if wavelen < high_wavelen {
+                    freq
+                } else {
+                    let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor)
+                        / (s.high_freq_factor - s.low_freq_factor);
+                    (1.0 - smooth) * freq / s.factor + smooth * freq
+                };
+                *f = scaled as f32;
+            }
+        }
+        inv
+    }
+}
+
+/// The key/value cache for one batch of sequences, owned by the caller and
+/// allocated once per rollout (STYLE.md §2).
+pub struct KvCache {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    /// `[B, capacity]` bool: which cached slots hold a real (non-pad) token.
+    valid: Tensor,
+    /// `[B]` i64: the position id the next real token of each sequence gets.
+    next_pos: Tensor,
+    len: i64,
+    capacity: i64,
+    /// No pad token has been written yet, so attention needs no mask.
+    dense: bool,
+}
+
+impl KvCache {
+    /// Allocate a cache for `batch` sequences of up to `capacity` tokens.
+    pub fn new(cfg: &DecoderConfig, batch: i64, capacity: i64, kind: Kind, device: Device) -> Self {
+        let shape = [batch, cfg.num_key_value_heads, capacity, cfg.head_dim];
+        let layers = cfg.num_hidden_layers as usize;
+        KvCache {
+            k: (0..layers)
+                .map(|_| Tensor::zeros(shape, (kind, device)))
+                .collect(),
+            v: (0..layers)
+                .map(|_| Tensor::zeros(shape, (kind, device)))
+                .collect(),
+            valid: Tensor::zeros([batch, capacity], (Kind::Bool, device)),
+            next_pos: Tensor::zeros([batch], (Kind::Int64, device)),
+            len: 0,
+            capacity,
+            dense: true,
+        }
+    }
+
+    /// Number of slots filled so far.
+    pub fn len(&self) -> i64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn capacity(&self) -> i64 {
+        self.capacity
+    }
+}
+
+/// Per-forward attention context shared by every layer.
+struct AttnCtx {
+    cos: Tensor,
+    sin: Tensor,
+    /// `[B, 1, T, S]` bool, `None` when plain causal attention is exact.
+    mask: Option<Tensor>,
+    causal: bool,
+    /// First cache slot this forward writes, when a cache is used.
+    start: i64,
+}
+
+struct Attention {
+    q_proj: LoraLinear,
+    k_proj: LoraLinear,
+    v_proj: LoraLinear,
+    o_proj: LoraLinear,
+    n_heads: i64,
+    n_kv: i64,
+    head_dim: i64,
+}
+
+fn rotate_half(x: &Tensor) -> Tensor {
+    let half = x.size()[3] / 2;
+    let x1 = x.narrow(3, 0, half);
+    let x2 = x.narrow(3, half, half);
+    Tensor::cat(&[x2.neg(), x1], 3)
+}
+
+fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+    x * cos + rotate_half(x) * sin
+}
+
+impl Attention {
+    fn forward(
+        &self,
+        x: &Tensor,
+        ctx: &AttnCtx,
+        cache: Option<(&mut Tensor, &mut Tensor)>,
+        train: bool,
+    ) -> Tensor {
+        let (b, t, _) = x.size3().expect("hidden states are [B, T, H]");
+        let q = self.q_proj.forward_t(x, train);
+        let k = self.k_proj.forward_t(x, train);
+        let v = self.v_proj.forward_t(x, train);
+        let q = q.view([b, t, self.n_heads, self.head_dim]).transpose(1, 2);
+        let k = k.view([b, t, self.n_kv, self.head_dim]).transpose(1, 2);
+        let v = v.view([b, t, self.n_kv, self.head_dim]).transpose(1, 2);
+        let q = apply_rope(&q, &ctx.cos, &ctx.sin);
+        let k = apply_rope(&k, &ctx.cos, &ctx.sin);
+        let (k, v) = match cache {
+            Some((kc, vc)) => {
+                kc.narrow(2, ctx.start, t).copy_(&k);
+                vc.narrow(2, ctx.start, t).copy_(&v);
+                (
+                    kc.narrow(2, 0, ctx.start + t),
+                    vc.narrow(2, 0, ctx.start + t),
+                )
+            }
+            None => (k, v),
+        };
+        let y = Tensor::scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            ctx.mask.as_ref(),
+            0.0,
+            ctx.causal,
+            None::<f64>,
+            self.n_kv != self.n_heads,
+        );
+        let y = y
+            .transpose(1, 2)
+            .reshape([b, t, self.n_heads * self.head_dim]);
+        self.o_proj.forward_t(&y, train)
+    }
+}
+
+struct Mlp {
+    gate_proj: LoraLinear,
+    up_proj: LoraLinear,
+    down_proj: LoraLinear,
+}
+
+impl Mlp {
+    fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        let h = self.gate_proj.forward_t(x, train).silu() * self.up_proj.forward_t(x, train);
+        self.down_proj.forward_t(&h, train)
+    }
+}
+
+struct Block {
+    input_layernorm: Tensor,
+    post_attention_layernorm: Tensor,
+    self_attn: Attention,
+    mlp: Mlp,
+}
+
+/// RMSNorm as the reference computes it: statistics in fp32, the weight applied
+/// after casting back to the activation dtype.
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+    let kind = x.kind();
+    let xf = x.to_kind(Kind::Float);
+    let var = xf.square().mean_dim(-1, true, Kind::Float);
+    let y = xf * (var + eps).rsqrt();
+    weight * y.to_kind(kind)
+}
+
+/// The Qwen2 / Llama decoder. Build with [`Decoder::new`] under a VarStore
+/// root, then load weights into the store (`weights::load_into`).
+pub struct Decoder {
+    pub config: DecoderConfig,
+    embed_tokens: Tensor,
+    layers: Vec<Block>,
+    norm: Tensor,
+    lm_head: Option<Tensor>,
+    inv_freq: Tensor,
+}
+
+/// Which positions of a forward pass need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsFor {
+    /// Every position (training, scoring).
+    All,
+    /// Only the last position of each row (generation steps).
+    Last,
+}
+
+impl Decoder {
+    /// Create the parameters (zero-initialised) under `root` with HF names.
+    pub fn new(root: &Path, config: DecoderConfig) -> Result<Self, ModelError> {
+        config
+            .check()
+            .map_err(|e| ModelError::Invalid(format!("model config: {e}")))?;
+        let c = &config;
+        let m = root / "model";
+        let embed_tokens = (&m / "embed_tokens").zeros("weight", &[c.vocab_size, c.hidden_size]);
+        let q_out = c.num_attention_heads * c.head_dim;
+        let kv_out = c.num_key_value_heads * c.head_dim;
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| {
+                let p = &m / "layers" / i;
+                let a = &p / "self_attn";
+                let f = &p / "mlp";
+                let h = c.hidden_size;
+                Block {
+                    input_layernorm: (&p / "input_layernorm").ones("weight", &[h]),
+                    post_attention_layernorm: (&p / "post_attention_layernorm")
+                        .ones("weight", &[h]),
+                    self_attn: Attention {
+                        q_proj: LoraLinear::new(&a / "q_proj", h, q_out, c.qkv_bias),
+                        k_proj: LoraLinear::new(&a / "k_proj", h, kv_out, c.qkv_bias),
+                        v_proj: LoraLinear::new(&a / "v_proj", h, kv_out, c.qkv_bias),
+                        o_proj: LoraLinear::new(&a / "o_proj", q_out, h, c.o_bias),
+                        n_heads: c.num_attention_heads,
+                        n_kv: c.num_key_value_heads,
+                        head_dim: c.head_dim,
+                    },
+                    mlp: Mlp {
+                        gate_proj: LoraLinear::new(
+                            &f / "gate_proj",
+                            h,
+                            c.intermediate_size,
+                            c.mlp_bias,
+                        ),
+                        up_proj: LoraLinear::new(
+                            &f / "up_proj",
+                            h,
+                            c.intermediate_size,
+                            c.mlp_bias,
+                        ),
+                        down_proj: LoraLinear::new(
+                            &f / "down_proj",
+                            c.intermediate_size,
+                            h,
+                            c.mlp_bias,
+                        ),
+                    },
+                }
+            })
+            .collect();
+        let norm = (&m / "norm").ones("weight", &[c.hidden_size]);
+        let lm_head = (!c.tie_word_embeddings)
+            .then(|| (root / "lm_head").zeros("weight", &[c.vocab_size, c.hidden_size]));
+        let inv_freq = Tensor::from_slice(&config.inv_freq()).to_device(root.device());
+        Ok(Decoder {
+            config,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            inv_freq,
+        })
+    }
+
+    /// Every LoRA-capable projection, by HF module name (`q_proj`, ...), for
+    /// attaching, merging and exporting adapters.
+    pub fn projections_mut(&mut self) -> Vec<(String, &mut LoraLinear)> {
+        let mut out = Vec::new();
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            let pre = format!("model.layers.{i}");
+            let a = &mut l.self_attn;
+            let f = &mut l.mlp;
+            for (name, lin) in [
+                ("self_attn.q_proj", &mut a.q_proj),
+                ("self_attn.k_proj", &mut a.k_proj),
+                ("self_attn.v_proj", &mut a.v_proj),
+                ("self_attn.o_proj", &mut a.o_proj),
+                ("mlp.gate_proj", &mut f.gate_proj),
+                ("mlp.up_proj", &mut f.up_proj),
+                ("mlp.down_proj", &mut f.down_proj),
+            ] {
+                out.push((format!("{pre}.{name}"), lin));
+            }
+        }
+        out
+    }
+
+    /// Read-only view of the projections, same order and names as `projections_mut`.
+    pub fn projections(&self) -> Vec<(String, &LoraLinear)> {
+        let mut out = Vec::new();
+        for (i, l) in self.layers.iter().enumerate() {
+            let pre = format!("model.layers.{i}");
+            let a = &l.self_attn;
+            let f = &l.mlp;
+            for (name, lin) in [
+                ("self_attn.q_proj", &a.q_proj),
+                ("self_attn.k_proj", &a.k_proj),
+                ("self_attn.v_proj", &a.v_proj),
+                ("self_attn.o_proj", &a.o_proj),
+                ("mlp.gate_proj", &f.gate_proj),
+                ("mlp.up_proj", &f.up_proj),
+                ("mlp.down_proj", &f.down_proj),
+            ] {
+                out.push((format!("{pre}.{name}"), lin));
+            }
+        }
+        out
+    }
+
+    /// Position ids `[B, T]` for new tokens whose validity is `valid` `[B, T]`,
+    /// continuing from `start_pos` `[B]`.
+    fn positions(valid: &Tensor, start_pos: &Tensor) -> Tensor {
+        let run = valid.to_kind(Kind::Int64).cumsum(1, Kind::Int64) - 1;
+        run.clamp_min(0) + start_pos.unsqueeze(1)
+    }
+
+    fn rope_tables(&self, pos: &Tensor, kind: Kind) -> (Tensor, Tensor) {
+        // [B, T, D/2] in fp32, then [B, 1, T, D] in the activation dtype.
+        let freqs = pos.to_kind(Kind::Float).unsqueeze(-1) * self.inv_freq.view([1, 1, -1]);
+        let emb = Tensor::cat(&[&freqs, &freqs], -1).unsqueeze(1);
+        (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
+    }
+
+    /// Run the decoder on `input_ids` `[B, T]` (i64). `valid` `[B, T]` (bool)
+    /// marks real tokens; `None` means all are real. With a cache, the new keys
+    /// and values are appended to it and attention sees everything cached.
+    /// Returns logits `[B, T, V]` (or `[B, 1, V]` for [`LogitsFor::Last`]) in
+    /// the model's dtype.
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        valid: Option<&Tensor>,
+        cache: Option<&mut KvCache>,
+        logits_for: LogitsFor,
+        train: bool,
+    ) -> Result<Tensor, ModelError> {
+        let (b, t) = input_ids
+            .size2()
+            .map_err(|_| ModelError::Invalid("input_ids must be [batch, seq]".into()))?;
+        let device = self.embed_tokens.device();
+        let kind = self.embed_tokens.kind();
+        let all_valid;
+        let valid = match valid {
+            Some(v) => v,
+            None => {
+                all_valid = Tensor::ones([b, t], (Kind::Bool, device));
+                &all_valid
+            }
+        };
+        let dense_now = valid.all().int64_value(&[]) != 0;
+
+        let (ctx, cache) = match cache {
+            Some(cache) => {
+                if cache.len + t > cache.capacity {
+                    return Err(ModelError::Invalid(format!(
+                        "KV cache overflow: {} cached + {t} new > capacity {}",
+                        cache.len, cache.capacity
+                    )));
+                }
+                if cache.k[0].size()[0] != b {
+                    return Err(ModelError::Invalid(format!(
+                        "KV cache was allocated for batch {}, got batch {b}",
+                        cache.k[0].size()[0]
+                    )));
+                }
+                let start = cache.len;
+                let pos = Self::positions(valid, &cache.next_pos);
+                cache.valid.narrow(1, start, t).copy_(valid);
+                let added = valid
+                    .to_kind(Kind::Int64)
+                    .sum_dim_intlist(1, false, Kind::Int64);
+                let _ = cache.next_pos.g_add_(&added);
+                cache.dense &= dense_now;
+                let (cos, sin) = self.rope_tables(&pos, kind);
+                let total = start + t;
+                let (mask, causal) = if cache.dense {
+                    // Without padding: a single new token sees everything; a
+                    // prompt from an empty cache is plain causal.
+                    if t == 1 {
+                        (None, false)
+                    } else if start == 0 {
+                        (None, true)
+                    } else {
+                        (
+                            Some(Self::mask(&cache.valid.narrow(1, 0, total), start, t)),
+                            false,
+                        )
+                    }
+                } else {
+                    (
+                        Some(Self::mask(&cache.valid.narrow(1, 0, total), start, t)),
+                        false,
+                    )
+                };
+                (
+                    AttnCtx {
+                        cos,
+                        sin,
+                        mask,
+                        causal,
+                        start,
+                    },
+                    Some(cache),
+                )
+            }
+            None => {
+                let zeros = Tensor::zeros([b], (Kind::Int64, device));
+                let pos = Self::positions(valid, &zeros);
+                let (cos, sin) = self.rope_tables(&pos, kind);
+                let (mask, causal) = if dense_now {
+                    (None, true)
+                } else {
+                    (Some(Self::mask(valid, 0, t)), false)
+                };
+                (
+                    AttnCtx {
+                        cos,
+                        sin,
+                        mask,
+                        causal,
+                        start: 0,
+                    },
+                    None,
+                )
+            }
+        };
+
+        let mut h = self.embed_tokens.embedding_for(input_ids);
+        let eps = self.config.rms_norm_eps;
+        match cache {
+            Some(cache) => {
+                for (i, layer) in self.layers.iter().enumerate() {
+                    let (kc, vc) = (&mut cache.k[i], &mut cache.v[i]);
+                    h = layer.forward(&h, &ctx, Some((kc, vc)), eps, train);
+                }
+                cache.len += t;
+            }
+            None => {
+                for layer in &self.layers {
+                    h = layer.forward(&h, &ctx, None, eps, train);
+                }
+            }
+        }
+        let h = match logits_for {
+            LogitsFor::All => h,
+            LogitsFor::Last => h.narrow(1, t - 1, 1),
+        };
+        let h = rms_norm(&h, &self.norm, eps);
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+        Ok(h.linear(head, None::<Tensor>))
+    }
+
+    /// `[B, 1, T, S]` bool attention mask for `t` new rows starting at slot
+    /// `start`, over key validity `key_valid` `[B, S]`. Each row also sees its
+    /// own slot so a pad row never has an empty softmax (NaN).
+    fn mask(key_valid: &Tensor, start: i64, t: i64) -> Tensor {
+        let s = key_valid.size()[1];
+        let device = key_valid.device();
+        let q_idx = Tensor::arange_start(start, start + t, (Kind::Int64, device)).view([t, 1]);
+        let k_idx = Tensor::arange(s, (Kind::Int64, device)).view([1, s]);
+        let causal = k_idx.le_tensor(&q_idx); // [T, S]
+        let diag = k_idx.eq_tensor(&q_idx);
+        let m = causal.unsqueeze(0).logical_and(&key_valid.unsqueeze(1)); // [B, T, S]
+        m.logical_or(&diag.unsqueeze(0)).unsqueeze(1)
+    }
+
+    pub fn device(&self) -> Device {
+        self.embed_tokens.device()
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.embed_tokens.kind()
+    }
+}
+
+trait EmbeddingFor {
+    fn embedding_for(&self, ids: &Tensor) -> Tensor;
+}
+
+impl EmbeddingFor for Tensor {
+    fn embedding_for(&self, ids: &Tensor) -> Tensor {
+        Tensor::embedding(self, ids, -1, false, false)
+    }
+}
+
+impl Block {
+    fn forward(
+        &self,
+        x: &Tensor,
+        ctx: &AttnCtx,
+        cache: Option<(&mut Tensor, &mut Tensor)>,
+        eps: f64,
+        train: bool,
+    ) -> Tensor {
+        let h = rms_norm(x, &self.input_layernorm, eps);
+        let x = x + self.self_attn.forward(&h, ctx, cache, train);
+        let h = rms_norm(&x, &self.post_attention_layernorm, eps);
+        &x + self.mlp.forward(&h, train)
+    }
+}

@@ -1,0 +1,409 @@
+//! The policy (decoder + tokenizer + parameters) and generation: batched,
+//! ragged prompts (left-padded), a KV cache allocated once per call, seeded
+//! sampling, stop strings, and per-token log-probabilities for RL.
+//!
+//! [`Generator`] is the seam rollouts and LM judges call; [`Policy`]
+//! implements it on the local model, and an OpenAI-compatible HTTP client
+//! can implement it later behind the same trait.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use super::decoder::{Decoder, DecoderConfig, KvCache, LogitsFor};
+use super::lora;
+use super::sampling::Sampler;
+use super::tokenizer::{ChatMessage, TextTokenizer};
+use super::{weights, Dtype, LoraConfig, ModelError, TorchKind};
+
+/// Why a completion ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-sequence token was produced (it is the last token id).
+    Eos,
+    /// A stop string appeared; the text is cut before it, the token ids end
+    /// with the token that completed it.
+    Stop(String),
+    /// `max_new_tokens` was reached.
+    Length,
+}
+
+/// One generated continuation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Completion {
+    pub text: String,
+    /// The prompt as the model saw it (after the chat template).
+    pub prompt_ids: Vec<i64>,
+    pub token_ids: Vec<i64>,
+    /// `log p(token)` under the temperature-scaled policy, one per token id.
+    pub logprobs: Vec<f32>,
+    pub finish: FinishReason,
+}
+
+/// Sampling settings for one `generate` call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationParams {
+    pub max_new_tokens: usize,
+    pub sampler: Sampler,
+    /// Seeds libtorch's generator at the start of the call; `None` keeps the
+    /// current generator state.
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    /// Wrap each prompt as one user message in the model's chat template.
+    pub chat: bool,
+    /// Optional system message when `chat` is on.
+    pub system: Option<String>,
+    /// Keep generating past end-of-sequence tokens (fixed-length benchmarks).
+    pub ignore_eos: bool,
+}
+
+impl Default for GenerationParams {
+    fn default() -> Self {
+        GenerationParams {
+            max_new_tokens: 256,
+            sampler: Sampler::greedy(),
+            seed: Some(0),
+            stop: Vec::new(),
+            chat: false,
+            system: None,
+            ignore_eos: false,
+        }
+    }
+}
+
+/// Prompts in, completions (text, token ids, log-probs) out.
+pub trait Generator {
+    fn generate(
+        &self,
+        prompts: &[String],
+        params: &GenerationParams,
+    ) -> Result<Vec<Completion>, ModelError>;
+}
+
+/// Which family a `config.json` describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Qwen2,
+    Llama,
+}
+
+/// Read `config.json` from an HF directory.
+pub fn read_config(dir: &Path) -> Result<(Family, DecoderConfig, serde_json::Value), ModelError> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+    let raw: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| ModelError::bad(&path, format!("invalid JSON: {e}")))?;
+    let model_type = raw
+        .get("model_type")
+        .and_then(|m| m.as_str())
+        .ok_or_else(|| ModelError::bad(&path, "missing field `model_type`"))?;
+    let bad = |e: serde_json::Error| ModelError::bad(&path, e.to_string());
+    let (family, cfg) = match model_type {
+        "qwen2" => {
+            let c: super::qwen2::Qwen2Config = serde_json::from_value(raw.clone()).map_err(bad)?;
+            (Family::Qwen2, c.decoder_config())
+        }
+        "llama" => {
+            let c: super::llama::LlamaConfig = serde_json::from_value(raw.clone()).map_err(bad)?;
+            (Family::Llama, c.decoder_config())
+        }
+        other => {
+            return Err(ModelError::bad(
+                &path,
+                format!("model_type `{other}` is not supported (qwen2 and llama are)"),
+            ))
+        }
+    };
+    let cfg = cfg.map_err(|e| ModelError::bad(&path, e))?;
+    cfg.check().map_err(|e| ModelError::bad(&path, e))?;
+    Ok((family, cfg, raw))
+}
+
+/// A loaded model: parameters, network, tokenizer and where they came from.
+pub struct Policy {
+    pub vs: VarStore,
+    pub model: Decoder,
+    pub tokenizer: Option<TextTokenizer>,
+    pub family: Family,
+    pub dtype: Dtype,
+    /// The `config.json` as read, kept for export.
+    pub hf_config: serde_json::Value,
+    pub source_dir: PathBuf,
+    pub lora: Option<LoraConfig>,
+}
+
+impl Policy {
+    /// Load an HF model directory (config.json, safetensors, tokenizer files).
+    pub fn load(dir: &Path, dtype: Dtype, device: Device) -> Result<Self, ModelError> {
+        let (family, cfg, raw) = read_config(dir)?;
+        let tie = cfg.tie_word_embeddings;
+        let mut vs = VarStore::new(device);
+        let model = Decoder::new(&vs.root(), cfg)?;
+        vs.set_kind(dtype.kind());
+        let files = weights::checkpoint_files(dir)?;
+        let unused = weights::load_into(&files, &vs.variables())?;
+        let unexpected: Vec<&String> = unused
+            .iter()
+            .filter(|n| !(n.ends_with("rotary_emb.inv_freq") || (tie && *n == "lm_head.weight")))
+            .collect();
+        if !unexpected.is_empty() {
+            return Err(ModelError::bad(
+                dir,
+                format!(
+                    "checkpoint has tensors this {family:?} config does not use, e.g. {:?}",
+                    unexpected.iter().take(3).collect::<Vec<_>>()
+                ),
+            ));
+        }
+        let tokenizer = if dir.join("tokenizer.json").is_file() {
+            Some(TextTokenizer::from_dir(dir)?)
+        } else {
+            None
+        };
+        Ok(Policy {
+            vs,
+            model,
+            tokenizer,
+            family,
+            dtype,
+            hf_config: raw,
+            source_dir: dir.to_path_buf(),
+            lora: None,
+        })
+    }
+
+    pub fn device(&self) -> Device {
+        self.vs.device()
+    }
+
+    pub fn tokenizer(&self) -> Result<&TextTokenizer, ModelError> {
+        self.tokenizer.as_ref().ok_or_else(|| {
+            ModelError::NotFound(format!(
+                "{}: no tokenizer.json, so text prompts cannot be encoded",
+                self.source_dir.display()
+            ))
+        })
+    }
+
+    /// Attach fresh LoRA adapters to the configured projections and freeze
+    /// every base parameter.
+    pub fn attach_lora(&mut self, cfg: &LoraConfig) -> Result<(), ModelError> {
+        lora::check(cfg)?;
+        if self.lora.is_some() {
+            return Err(ModelError::Invalid(
+                "LoRA adapters are already attached".into(),
+            ));
+        }
+        self.vs.freeze();
+        let root = self.vs.root();
+        for (name, lin) in self.model.projections_mut() {
+            if lora::targets_module(cfg, &name) {
+                let p = name.split('.').fold(root.clone(), |p, part| p / part);
+                lin.attach(&p, cfg);
+            }
+        }
+        self.lora = Some(cfg.clone());
+        Ok(())
+    }
+
+    /// Fold every adapter into its base weight (faster inference).
+    pub fn merge_lora(&mut self) {
+        for (_, lin) in self.model.projections_mut() {
+            lin.merge();
+        }
+    }
+
+    /// Undo [`Policy::merge_lora`].
+    pub fn unmerge_lora(&mut self) {
+        for (_, lin) in self.model.projections_mut() {
+            lin.unmerge();
+        }
+    }
+
+    /// Turn text prompts into token ids (through the chat template if asked).
+    pub fn encode_prompts(
+        &self,
+        prompts: &[String],
+        params: &GenerationParams,
+    ) -> Result<Vec<Vec<i64>>, ModelError> {
+        let tok = self.tokenizer()?;
+        prompts
+            .iter()
+            .map(|p| {
+                if params.chat {
+                    let mut msgs = Vec::new();
+                    if let Some(s) = &params.system {
+                        msgs.push(ChatMessage::new("system", s));
+                    }
+                    msgs.push(ChatMessage::new("user", p));
+                    let text = tok.apply_chat_template(&msgs, true)?;
+                    // The template already holds any BOS it wants.
+                    tok.encode(&text, false)
+                } else {
+                    tok.encode(p, true)
+                }
+            })
+            .collect()
+    }
+
+    /// Generate from token-id prompts. `eos` ends a sequence; stop strings
+    /// need the tokenizer and are checked on the decoded completion.
+    pub fn generate_ids(
+        &self,
+        prompts: &[Vec<i64>],
+        params: &GenerationParams,
+    ) -> Result<Vec<Completion>, ModelError> {
+        if prompts.is_empty() {
+            return Ok(Vec::new());
+        }
+        if let Some(i) = prompts.iter().position(|p| p.is_empty()) {
+            return Err(ModelError::Invalid(format!("prompt {i} is empty")));
+        }
+        let vocab = self.model.config.vocab_size;
+        if let Some(bad) = prompts.iter().flatten().find(|&&t| t < 0 || t >= vocab) {
+            return Err(ModelError::Invalid(format!(
+                "token id {bad} is outside the vocabulary (size {vocab})"
+            )));
+        }
+        if !params.stop.is_empty() && self.tokenizer.is_none() {
+            return Err(ModelError::Invalid("stop strings need a tokenizer".into()));
+        }
+        let device = self.device();
+        let b = prompts.len();
+        let max_len = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let (mut eos, pad) = match &self.tokenizer {
+            Some(t) => (t.eos_ids().clone(), t.pad_id()),
+            None => (BTreeSet::new(), 0),
+        };
+        if params.ignore_eos {
+            eos.clear();
+        }
+        let mut ids = vec![pad; b * max_len];
+        let mut valid = vec![false; b * max_len];
+        for (i, p) in prompts.iter().enumerate() {
+            let off = i * max_len + (max_len - p.len());
+            ids[off..off + p.len()].copy_from_slice(p);
+            valid[off..off + p.len()].iter_mut().for_each(|v| *v = true);
+        }
+        let shape = [b as i64, max_len as i64];
+        let ids = Tensor::from_slice(&ids).view(shape).to_device(device);
+        let valid = Tensor::from_slice(&valid).view(shape).to_device(device);
+        let eos_t = Tensor::from_slice(&eos.iter().copied().collect::<Vec<_>>()).to_device(device);
+        if let Some(seed) = params.seed {
+            tch::manual_seed(seed as i64);
+        }
+
+        let mut out: Vec<Completion> = prompts
+            .iter()
+            .map(|p| Completion {
+                text: String::new(),
+                prompt_ids: p.clone(),
+                token_ids: Vec::new(),
+                logprobs: Vec::new(),
+                finish: FinishReason::Length,
+            })
+            .collect();
+        let mut done = vec![false; b];
+        let capacity = (max_len + params.max_new_tokens) as i64;
+        let mut cache = KvCache::new(
+            &self.model.config,
+            b as i64,
+            capacity,
+            self.model.kind(),
+            device,
+        );
+
+        tch::no_grad(|| -> Result<(), ModelError> {
+            let mut logits = self
+                .model
+                .forward(&ids, Some(&valid), Some(&mut cache), LogitsFor::Last, false)?
+                .squeeze_dim(1);
+            let mut alive = Tensor::ones([b as i64], (Kind::Bool, device));
+            for step in 0..params.max_new_tokens {
+                let (next, lp) = params.sampler.sample(&logits);
+                let next_h = Vec::<i64>::try_from(&next.to_device(Device::Cpu))?;
+                let lp_h = Vec::<f32>::try_from(&lp.to_device(Device::Cpu))?;
+                let mut newly_stopped = Vec::new();
+                for i in 0..b {
+                    if done[i] {
+                        continue;
+                    }
+                    let c = &mut out[i];
+                    c.token_ids.push(next_h[i]);
+                    c.logprobs.push(lp_h[i]);
+                    if eos.contains(&next_h[i]) {
+                        c.finish = FinishReason::Eos;
+                        done[i] = true;
+                    } else if let Some(s) = self.first_stop(&c.token_ids, &params.stop)? {
+                        c.finish = FinishReason::Stop(s);
+                        done[i] = true;
+                        newly_stopped.push(i as i64);
+                    }
+                }
+                if done.iter().all(|&d| d) || step + 1 == params.max_new_tokens {
+                    break;
+                }
+                // EOS is tracked on the device; stop strings (rare) are pushed down.
+                if !eos.is_empty() {
+                    alive = alive.logical_and(&Tensor::isin(&next, &eos_t, false, true));
+                }
+                if !newly_stopped.is_empty() {
+                    let idx = Tensor::from_slice(&newly_stopped).to_device(device);
+                    alive = alive.index_fill(0, &idx, 0);
+                }
+                let input = next.where_self(
+                    &alive,
+                    &Tensor::scalar_tensor(pad as f64, (Kind::Int64, device)),
+                );
+                logits = self
+                    .model
+                    .forward(
+                        &input.unsqueeze(1),
+                        Some(&alive.unsqueeze(1)),
+                        Some(&mut cache),
+                        LogitsFor::Last,
+                        false,
+                    )?
+                    .squeeze_dim(1);
+            }
+            Ok(())
+        })?;
+
+        if let Some(tok) = &self.tokenizer {
+            for c in out.iter_mut() {
+                let mut text = tok.decode(&c.token_ids, true)?;
+                if let FinishReason::Stop(s) = &c.finish {
+                    if let Some(at) = text.find(s.as_str()) {
+                        text.truncate(at);
+                    }
+                }
+                c.text = text;
+            }
+        }
+        Ok(out)
+    }
+
+    fn first_stop(&self, ids: &[i64], stop: &[String]) -> Result<Option<String>, ModelError> {
+        if stop.is_empty() {
+            return Ok(None);
+        }
+        let tok = self.tokenizer()?;
+        let text = tok.decode(ids, true)?;
+        Ok(stop.iter().find(|s| text.contains(s.as_str())).cloned())
+    }
+}
+
+impl Generator for Policy {
+    fn generate(
+        &self,
+        prompts: &[String],
+        params: &GenerationParams,
+    ) -> Result<Vec<Completion>, ModelError> {
+        let ids = self.encode_prompts(prompts, params)?;
+        self.generate_ids(&ids, params)
+    }
+}

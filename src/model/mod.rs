@@ -1,0 +1,44 @@
+//! The policy model: a decoder LM for the Qwen2 and Llama families on libtorch
+//! (through `tch`), HF checkpoint loading and export, LoRA, the tokenizer with
+//! its chat template, batched sampling with a caller-owned KV cache, and the
+//! [`Generator`] trait that rollouts and judges call.
+//!
+//! Parameter names in the `VarStore` are the HF safetensors keys, so loading
+//! and exporting need no renaming table (STYLE.md §1).
+
+pub mod decoder;
+pub mod device;
+pub mod export;
+pub mod generate;
+pub mod gguf;
+pub mod hub;
+pub mod llama;
+pub mod lora;
+pub mod qwen2;
+pub mod sampling;
+pub mod tokenizer;
+pub mod weights;
+
+mod error;
+
+pub use decoder::{Decoder, DecoderConfig, KvCache};
+pub use error::ModelError;
+pub use generate::{Completion, FinishReason, GenerationParams, Generator, Policy};
+pub use tokenizer::{ChatMessage, TextTokenizer};
+
+pub use crate::config::{Dtype, LoraConfig};
+
+/// The libtorch element type of a [`Dtype`].
+pub trait TorchKind {
+    fn kind(self) -> tch::Kind;
+}
+
+impl TorchKind for Dtype {
+    fn kind(self) -> tch::Kind {
+        match self {
+            Dtype::Fp32 => tch::Kind::Float,
+            Dtype::Bf16 => tch::Kind::BFloat16,
+            Dtype::Fp16 => tch::Kind::Half,
+        }
+    }
+}

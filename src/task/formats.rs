@@ -1,0 +1,529 @@
+//! Reading each on-disk task format into [`Task`]s: the container (JSON lines
+//! or one JSON array), format detection, and one mapping per format.
+//!
+//! Container and record format are independent: any format may come as JSON
+//! lines or as one JSON array (HF exports use both), so `mbpp-sanitized.json`
+//! and a `.jsonl` re-export of it read the same.
+
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::{Task, TaskError, TaskFormat, TaskKind};
+
+/// Where a record sits in its file.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Loc {
+    /// 1-based line, or 0-based array index when `in_array`.
+    pub number: usize,
+    pub in_array: bool,
+}
+
+impl Loc {
+    /// `line 7` or `array index 7`, for messages that point at another record.
+    pub fn label(&self) -> String {
+        if self.in_array {
+            format!("array index {}", self.number)
+        } else {
+            format!("line {}", self.number)
+        }
+    }
+
+    /// Prefixes array-element reasons with the index, because the `line`
+    /// field alone would read as a line number of a one-line file.
+    pub fn describe(&self, reason: String) -> String {
+        if self.in_array {
+            format!("array index {}: {reason}", self.number)
+        } else {
+            reason
+        }
+    }
+}
+
+/// One record in raw form, before it is decoded by a format.
+enum Raw<'a> {
+    Line(&'a str),
+    Element(Value),
+}
+
+impl Raw<'_> {
+    fn decode<T: DeserializeOwned>(&self) -> Result<T, String> {
+        match self {
+            Raw::Line(text) => serde_json::from_str(text).map_err(|e| json_reason(&e)),
+            Raw::Element(value) => T::deserialize(value).map_err(|e| e.to_string()),
+        }
+    }
+
+    fn as_object(&self) -> Option<Map<String, Value>> {
+        match self {
+            Raw::Line(text) => match serde_json::from_str(text) {
+                Ok(Value::Object(map)) => Some(map),
+                _ => None,
+            },
+            Raw::Element(Value::Object(map)) => Some(map.clone()),
+            Raw::Element(_) => None,
+        }
+    }
+}
+
+// serde_json ends messages with "at line 1 column N"; within one JSONL line the
+// line part is always 1 and would contradict the file line we report.
+fn json_reason(e: &serde_json::Error) -> String {
+    let mut msg = e.to_string();
+    if let Some(at) = msg.rfind(" at line ") {
+        msg.truncate(at);
+    }
+    let prefix = match e.classify() {
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof => "invalid JSON: ",
+        _ => "",
+    };
+    format!("{prefix}{msg} (column {})", e.column())
+}
+
+/// One record's location and either its task or why it is invalid.
+pub(super) type Decoded = (Loc, Result<Task, String>);
+
+/// Splits `text` into records and decodes each with `format` (detected first
+/// when `Auto`). Whole-file problems are errors; per-record problems are
+/// returned next to their location for the caller to fail on or skip.
+pub(super) fn parse(
+    text: &str,
+    path: &Path,
+    format: TaskFormat,
+) -> Result<Vec<Decoded>, TaskError> {
+    let raws = split_records(text, path)?;
+    let format = match format {
+        TaskFormat::Auto => detect(&raws, path)?,
+        explicit => explicit,
+    };
+    Ok(raws
+        .into_iter()
+        .map(|(loc, raw)| (loc, decode_record(format, &raw)))
+        .collect())
+}
+
+fn split_records<'a>(text: &'a str, path: &Path) -> Result<Vec<(Loc, Raw<'a>)>, TaskError> {
+    if text.trim_start().starts_with('[') {
+        // One JSON array: a syntax error here breaks the whole file, so it
+        // cannot be skipped record by record.
+        let values: Vec<Value> = serde_json::from_str(text).map_err(|e| TaskError::Invalid {
+            path: PathBuf::from(path),
+            line: e.line(),
+            reason: format!(
+                "the file starts with '[' but is not a JSON array: {}",
+                json_reason(&e)
+            ),
+        })?;
+        return Ok(values
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let loc = Loc {
+                    number: i,
+                    in_array: true,
+                };
+                (loc, Raw::Element(v))
+            })
+            .collect());
+    }
+    Ok(text
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(i, line)| {
+            let loc = Loc {
+                number: i + 1,
+                in_array: false,
+            };
+            (loc, Raw::Line(line))
+        })
+        .collect())
+}
+
+/// Picks the format from the keys of the first record that is a JSON object,
+/// so one malformed leading line does not defeat detection under `skip_invalid`.
+fn detect(raws: &[(Loc, Raw<'_>)], path: &Path) -> Result<TaskFormat, TaskError> {
+    let unknown = |reason: String| TaskError::UnknownFormat {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let Some((loc, keys)) = raws
+        .iter()
+        .find_map(|(loc, raw)| raw.as_object().map(|m| (loc, m)))
+    else {
+        return Err(unknown(if raws.is_empty() {
+            "the file holds no records, so its format cannot be detected".to_owned()
+        } else {
+            "no record is a JSON object, so the format cannot be detected".to_owned()
+        }));
+    };
+    let has = |k: &str| keys.contains_key(k);
+    // `tests` (plural) is ours alone, so a record missing other required keys
+    // is still read as ours and gets a "missing field" reason, not "unknown format".
+    let format = if has("tests") {
+        TaskFormat::Jsonl
+    } else if has("task_id") && has("test") && has("entry_point") {
+        TaskFormat::Humaneval
+    } else if has("test_list") {
+        TaskFormat::Mbpp
+    } else if has("api_list") || (has("id") && has("task") && has("test")) {
+        TaskFormat::Pricoder
+    } else {
+        let found: Vec<&str> = keys.keys().map(String::as_str).collect();
+        return Err(unknown(format!(
+            "the record at {} has keys {found:?}, which match no known format \
+             (jsonl: tests; humaneval: task_id/test/entry_point; \
+             mbpp: test_list; pricoder: id/task/test/api_list); set the format explicitly",
+            loc.label()
+        )));
+    };
+    Ok(format)
+}
+
+fn decode_record(format: TaskFormat, raw: &Raw<'_>) -> Result<Task, String> {
+    match format {
+        TaskFormat::Jsonl => raw.decode::<Task>(),
+        TaskFormat::Humaneval => raw
+            .decode::<HumanEvalRecord>()
+            .map(HumanEvalRecord::into_task),
+        TaskFormat::Mbpp => raw.decode::<MbppRecord>()?.into_task(),
+        TaskFormat::Pricoder => raw.decode::<PricoderRecord>()?.into_task(),
+        // `parse` resolves Auto before decoding.
+        TaskFormat::Auto => unreachable!("format resolved before decoding"),
+    }
+}
+
+/// Public benchmark files mix `\r\n` and `\n` (972 of 974 MBPP solutions use
+/// `\r\n`); test programs are assembled by concatenation, so use one style.
+fn lf(s: &str) -> String {
+    s.replace("\r\n", "\n")
+}
+
+/// HumanEval and PriCoder store only the function body; we keep solutions
+/// as whole programs so that every format's reference can run as-is.
+fn complete_program(prompt: &str, body: Option<&str>) -> Option<String> {
+    non_empty(body).map(|body| format!("{}{body}", lf(prompt)))
+}
+
+fn non_empty(s: Option<&str>) -> Option<String> {
+    s.filter(|s| !s.trim().is_empty()).map(lf)
+}
+
+/// A record of OpenAI's HumanEval (`HumanEval.jsonl`). Extra keys (as in
+/// HumanEval+ exports) are ignored.
+#[derive(Deserialize)]
+struct HumanEvalRecord {
+    task_id: String,
+    prompt: String,
+    #[serde(default)]
+    canonical_solution: Option<String>,
+    test: String,
+    entry_point: String,
+}
+
+impl HumanEvalRecord {
+    /// `test` defines `check(candidate)` and never calls it; the harness appends
+    /// `check(entry_point)`. Its asserts share helpers, loops and METADATA, so
+    /// they are not split: the whole program is one test.
+    fn into_task(self) -> Task {
+        let test = format!(
+            "{}\n\ncheck({})\n",
+            lf(&self.test).trim_end(),
+            self.entry_point
+        );
+        Task {
+            id: self.task_id,
+            prompt: lf(&self.prompt),
+            entry_point: self.entry_point,
+            tests: vec![test],
+            kind: TaskKind::Python,
+            canonical_solution: complete_program(&self.prompt, self.canonical_solution.as_deref()),
+            docs: None,
+            tags: vec!["humaneval".to_owned()],
+            test_setup: None,
+        }
+    }
+}
+
+/// `task_id` is an integer in Google's files and a string (`"Mbpp/2"`) in some
+/// re-exports.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum MbppId {
+    Number(u64),
+    Text(String),
+}
+
+/// A record of either MBPP file: full (`text`, `test_setup_code`,
+/// `challenge_test_list`) or sanitized (`prompt`, `test_imports`, `source_file`).
+#[derive(Deserialize)]
+struct MbppRecord {
+    task_id: MbppId,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default)]
+    code: Option<String>,
+    test_list: Vec<String>,
+    #[serde(default)]
+    test_setup_code: Option<String>,
+    #[serde(default)]
+    test_imports: Vec<String>,
+}
+
+/// MBPP's published split by task id (mbpp/README.md; the HF dataset uses the same ranges).
+fn mbpp_split(task_id: u64) -> Option<&'static str> {
+    match task_id {
+        1..=10 => Some("split:prompt"),
+        11..=510 => Some("split:test"),
+        511..=600 => Some("split:validation"),
+        601..=974 => Some("split:train"),
+        _ => None,
+    }
+}
+
+impl MbppRecord {
+    fn into_task(self) -> Result<Task, String> {
+        let sanitized = self.prompt.is_some();
+        let statement = self
+            .text
+            .or(self.prompt)
+            .ok_or("missing field `text` (full MBPP) or `prompt` (sanitized MBPP)")?;
+        let source = if sanitized { "mbpp-sanitized" } else { "mbpp" };
+        let mut tags = vec![source.to_owned()];
+        let id = match self.task_id {
+            MbppId::Number(n) => {
+                tags.extend(mbpp_split(n).map(str::to_owned));
+                format!("{source}/{n}")
+            }
+            MbppId::Text(s) => s,
+        };
+        let tests: Vec<String> = self.test_list.iter().map(|t| lf(t)).collect();
+        let code = non_empty(self.code.as_deref());
+        let first = tests.first().ok_or("`test_list` is empty")?;
+        let entry_point = mbpp_entry_point(first, code.as_deref())?;
+        let mut setup: Vec<String> = self.test_imports.iter().map(|s| lf(s)).collect();
+        setup.extend(non_empty(self.test_setup_code.as_deref()));
+        Ok(Task {
+            id,
+            prompt: lf(statement.trim()),
+            entry_point,
+            tests,
+            kind: TaskKind::Python,
+            canonical_solution: code,
+            docs: None,
+            tags,
+            test_setup: (!setup.is_empty()).then(|| setup.join("\n")),
+        })
+    }
+}
+
+const PY_KEYWORDS: &[&str] = &[
+    "and", "assert", "await", "elif", "if", "in", "is", "lambda", "not", "or", "return", "yield",
+];
+
+// Wrappers MBPP asserts put around the call under test (`set(f(x))`,
+// `int(f(x))`, `math.isclose(f(x), ...)` — attribute calls are skipped anyway).
+const PY_BUILTINS: &[&str] = &[
+    "abs",
+    "all",
+    "any",
+    "bool",
+    "bytes",
+    "chr",
+    "complex",
+    "dict",
+    "divmod",
+    "enumerate",
+    "filter",
+    "float",
+    "frozenset",
+    "hash",
+    "int",
+    "isinstance",
+    "iter",
+    "len",
+    "list",
+    "map",
+    "max",
+    "min",
+    "next",
+    "ord",
+    "pow",
+    "print",
+    "range",
+    "repr",
+    "reversed",
+    "round",
+    "set",
+    "sorted",
+    "str",
+    "sum",
+    "tuple",
+    "type",
+    "zip",
+];
+
+/// MBPP has no entry point field: the function under test is the one the
+/// first assert calls. Of the plain names called there, take the first one
+/// the reference `code` defines (`def NAME`); without code, the first one that
+/// is not a builtin. This sees through `assert set(f(...)) == ...`,
+/// `assert math.isclose(f(...), ...)`, `assert not f(...)` and `assert (f(...))`.
+pub(super) fn mbpp_entry_point(first_test: &str, code: Option<&str>) -> Result<String, String> {
+    let called = called_names(first_test);
+    let defined: Vec<&str> = code.map(defined_functions).unwrap_or_default();
+    called
+        .iter()
+        .find(|name| defined.contains(name))
+        .or_else(|| called.iter().find(|name| !PY_BUILTINS.contains(name)))
+        .map(|name| (*name).to_owned())
+        .ok_or_else(|| {
+            format!(
+                "cannot derive `entry_point`: the first test calls no user function \
+                 (names called: {called:?}): {first_test:?}"
+            )
+        })
+}
+
+/// Names of all `def NAME(` in `code`, nested ones included (a solution may
+/// define its entry point inside `if`/`try`).
+fn defined_functions(code: &str) -> Vec<&str> {
+    code.lines()
+        .filter_map(|line| {
+            let rest = line.trim_start();
+            let rest = rest.strip_prefix("async ").unwrap_or(rest);
+            let rest = rest.strip_prefix("def ")?.trim_start();
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            Some(&rest[..end]).filter(|name| !name.is_empty())
+        })
+        .collect()
+}
+
+/// Plain (non-attribute) names that `src` calls, in order, skipping string
+/// literals and comments so `assert f("g(x)")` yields only `f`.
+pub(super) fn called_names(src: &str) -> Vec<&str> {
+    let bytes = src.as_bytes();
+    let mut names = Vec::new();
+    let mut i = 0;
+    let mut prev_significant = b' ';
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'#' {
+            while i < bytes.len() && bytes[i] != b'\n' {
+                i += 1;
+            }
+        } else if b == b'\'' || b == b'"' {
+            i = skip_string(bytes, i);
+            prev_significant = b;
+        } else if b.is_ascii_alphabetic() || b == b'_' {
+            let start = i;
+            while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+                i += 1;
+            }
+            let name = &src[start..i];
+            let mut j = i;
+            while j < bytes.len() && (bytes[j] == b' ' || bytes[j] == b'\t') {
+                j += 1;
+            }
+            let is_call = j < bytes.len() && bytes[j] == b'(';
+            if is_call && prev_significant != b'.' && !PY_KEYWORDS.contains(&name) {
+                names.push(name);
+            }
+            prev_significant = b'a';
+        } else {
+            if !b.is_ascii_whitespace() {
+                prev_significant = b;
+            }
+            i += 1;
+        }
+    }
+    names
+}
+
+/// Index just past the string literal opening at `start` (single or triple
+/// quoted; a backslash always escapes the next byte, which is also right for
+/// raw strings' purposes here). An unterminated literal runs to the end.
+fn skip_string(bytes: &[u8], start: usize) -> usize {
+    let quote = bytes[start];
+    let triple = bytes.len() >= start + 3 && bytes[start + 1] == quote && bytes[start + 2] == quote;
+    let mut i = start + if triple { 3 } else { 1 };
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' => i += 2,
+            q if q == quote => {
+                if !triple {
+                    return i + 1;
+                }
+                if bytes.len() >= i + 3 && bytes[i + 1] == quote && bytes[i + 2] == quote {
+                    return i + 3;
+                }
+                i += 1;
+            }
+            _ => i += 1,
+        }
+    }
+    bytes.len()
+}
+
+/// A record of PriCoder's NumbaEval / NdonnxEval (`id`, `task`, `prompt`,
+/// `canonical_solution`, `test`, `api_list`, `seed_apis`).
+#[derive(Deserialize)]
+struct PricoderRecord {
+    id: String,
+    prompt: String,
+    #[serde(default)]
+    canonical_solution: Option<String>,
+    test: String,
+    #[serde(default)]
+    api_list: Vec<String>,
+}
+
+impl PricoderRecord {
+    fn into_task(self) -> Result<Task, String> {
+        let prompt = lf(&self.prompt);
+        let numba =
+            prompt.contains("import numba") || self.api_list.iter().any(|a| a.starts_with("numba"));
+        let ndonnx = prompt.contains("import ndonnx")
+            || self.api_list.iter().any(|a| a.starts_with("ndonnx"));
+        let (bench, kind) = match (numba, ndonnx) {
+            (true, _) => ("numbaeval", TaskKind::NumbaCuda),
+            (false, true) => ("ndonnxeval", TaskKind::Python),
+            (false, false) => ("pricoder", TaskKind::Python),
+        };
+        // The prompt is imports plus one function signature with docstring;
+        // the function to test is the last top-level `def`.
+        let entry_point = prompt
+            .lines()
+            .filter(|l| l.starts_with("def ") || l.starts_with("async def "))
+            .filter_map(|l| defined_functions(l).first().copied())
+            .next_back()
+            .ok_or("cannot derive `entry_point`: `prompt` has no top-level `def`")?
+            .to_owned();
+        // PriCoder's harness prepends an import preamble; 40 NdonnxEval tests
+        // use `ndx` without importing it, so the prompt's imports are the setup.
+        let imports: Vec<&str> = prompt
+            .lines()
+            .take_while(|l| !l.starts_with("def ") && !l.starts_with('@'))
+            .filter(|l| l.starts_with("import ") || l.starts_with("from "))
+            .collect();
+        let test_setup = (!imports.is_empty()).then(|| imports.join("\n"));
+        let mut tags = vec![bench.to_owned()];
+        tags.extend(self.api_list.iter().map(|a| format!("api:{a}")));
+        Ok(Task {
+            id: format!("{bench}/{}", self.id),
+            prompt,
+            entry_point,
+            tests: vec![lf(&self.test)],
+            kind,
+            canonical_solution: complete_program(&self.prompt, self.canonical_solution.as_deref()),
+            docs: None,
+            tags,
+            test_setup,
+        })
+    }
+}

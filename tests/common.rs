@@ -1,0 +1,94 @@
+//! Helpers shared by the integration tests: fixture paths, reference files,
+//! and the project's Python (for round trips through transformers / peft).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    root().join("tests").join("fixtures").join(name)
+}
+
+pub fn reference(name: &str) -> serde_json::Value {
+    let p = fixture(name).join("reference.json");
+    let text = std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/make-fixtures.py)", p.display()));
+    serde_json::from_str(&text).expect("reference.json parses")
+}
+
+/// The virtualenv's Python, which has torch, transformers and peft.
+pub fn python() -> PathBuf {
+    let p = root().join(".venv").join("bin").join("python");
+    assert!(
+        p.exists(),
+        "{} missing: run scripts/setup first (the Python round-trip tests need it)",
+        p.display()
+    );
+    p
+}
+
+/// Run a Python script from `scripts/` with args; panic with its stderr on failure.
+pub fn run_python(script: &str, args: &[&str]) -> String {
+    let out = Command::new(python())
+        .arg(root().join("scripts").join(script))
+        .args(args)
+        .env("TOKENIZERS_PARALLELISM", "false")
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn tensor_from_json(v: &serde_json::Value) -> tch::Tensor {
+    fn walk(v: &serde_json::Value, shape: &mut Vec<i64>, depth: usize, out: &mut Vec<f32>) {
+        match v {
+            serde_json::Value::Array(a) => {
+                if shape.len() == depth {
+                    shape.push(a.len() as i64);
+                }
+                for x in a {
+                    walk(x, shape, depth + 1, out);
+                }
+            }
+            serde_json::Value::Number(n) => out.push(n.as_f64().expect("number") as f32),
+            other => panic!("not a number: {other}"),
+        }
+    }
+    let mut shape = Vec::new();
+    let mut data = Vec::new();
+    walk(v, &mut shape, 0, &mut data);
+    tch::Tensor::from_slice(&data).view(shape.as_slice())
+}
+
+pub fn ids_from_json(v: &serde_json::Value) -> Vec<Vec<i64>> {
+    serde_json::from_value(v.clone()).expect("list of lists of ids")
+}
+
+pub fn max_abs_diff(a: &tch::Tensor, b: &tch::Tensor) -> f64 {
+    assert_eq!(a.size(), b.size(), "shapes differ");
+    (a.to_kind(tch::Kind::Float) - b.to_kind(tch::Kind::Float))
+        .abs()
+        .max()
+        .double_value(&[])
+}
+
+pub fn tmpdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temp dir")
+}
+
+#[allow(dead_code)]
+pub fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+}

@@ -1,0 +1,8 @@
+//! The one integration-test binary (every test binary links libtorch, so
+//! there is exactly one; ripgrep's tests/tests.rs shape). Each module guards
+//! one area; tests are named after what they guard.
+
+mod common;
+mod model_io;
+mod model_parity;
+mod python_roundtrip;
