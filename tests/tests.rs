@@ -2,7 +2,9 @@
 //! there is exactly one; ripgrep's tests/tests.rs shape). Each module guards
 //! one area; tests are named after what they guard.
 
+mod cli;
 mod common;
+mod gguf_smollm2;
 mod model_io;
 mod model_parity;
 mod python_roundtrip;

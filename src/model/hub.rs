@@ -75,7 +75,12 @@ fn looks_like_repo_id(s: &str) -> bool {
 }
 
 fn from_hf_cache(repo: &str) -> Result<PathBuf, ModelError> {
-    let cache = hf_hub::Cache::from_env();
+    // huggingface_hub gives HF_HUB_CACHE precedence over HF_HOME/hub; hf-hub
+    // only reads the latter.
+    let cache = match std::env::var_os("HF_HUB_CACHE") {
+        Some(p) => hf_hub::Cache::new(PathBuf::from(p)),
+        None => hf_hub::Cache::from_env(),
+    };
     let found = cache.model(repo.to_string()).get("config.json");
     match found {
         Some(cfg) => Ok(cfg

@@ -1,0 +1,156 @@
+//! The `falcon` binary end to end: exit codes, messages, config commands,
+//! model resolution from a local HF cache, and generation on the embedded model.
+
+use std::process::{Command, Output};
+
+use crate::common::*;
+
+fn falcon(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_falcon"))
+        .args(args)
+        .output()
+        .expect("falcon runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn config_check_and_show_accept_every_shipped_config() {
+    for e in std::fs::read_dir(root().join("configs")).unwrap() {
+        let p = e.unwrap().path();
+        let o = falcon(&["config", "check", p.to_str().unwrap()]);
+        assert!(o.status.success(), "{}: {}", p.display(), text(&o));
+        let o = falcon(&["config", "show", p.to_str().unwrap()]);
+        assert!(
+            o.status.success() && text(&o).contains("[generation]"),
+            "{}",
+            text(&o)
+        );
+    }
+}
+
+#[test]
+fn bad_config_exits_2_with_key_paths() {
+    let d = tmpdir();
+    let f = d.path().join("bad.toml");
+    std::fs::write(&f, "[generation]\ntop_p = 1.5\ntemperature = -1\n").unwrap();
+    let o = falcon(&["config", "check", f.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("generation.top_p") && t.contains("generation.temperature"),
+        "{t}"
+    );
+    std::fs::write(&f, "[generation]\ntop_q = 0.5\n").unwrap();
+    let o = falcon(&["config", "check", f.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("top_q"), "{}", text(&o));
+}
+
+#[test]
+fn info_reports_cuda_status() {
+    let o = falcon(&["info"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("cuda devices:"), "{}", text(&o));
+}
+
+#[test]
+fn repo_id_resolves_from_local_hf_cache_and_never_downloads() {
+    let cache = tmpdir();
+    let snap = cache.path().join("models--acme--tiny/snapshots/0123abcd");
+    copy_dir(&fixture("tiny-qwen2"), &snap);
+    std::fs::create_dir_all(cache.path().join("models--acme--tiny/refs")).unwrap();
+    std::fs::write(
+        cache.path().join("models--acme--tiny/refs/main"),
+        "0123abcd",
+    )
+    .unwrap();
+    let run = |model: &str| {
+        Command::new(env!("CARGO_BIN_EXE_falcon"))
+            .args(["export", "--model", model, "--out"])
+            .arg(
+                cache
+                    .path()
+                    .join(format!("out-{}", model.replace('/', "_"))),
+            )
+            .env("HF_HUB_CACHE", cache.path())
+            .env("HF_HOME", cache.path())
+            .output()
+            .unwrap()
+    };
+    let o = run("acme/tiny");
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run("acme/missing");
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(
+        t.contains("not in the local HF cache") && t.contains(cache.path().to_str().unwrap()),
+        "{t}"
+    );
+}
+
+#[test]
+fn text_generation_without_tokenizer_is_a_clear_error() {
+    let o = falcon(&[
+        "generate",
+        "--model",
+        fixture("tiny-llama").to_str().unwrap(),
+        "--prompt",
+        "hi",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("no tokenizer.json"), "{}", text(&o));
+    let o = falcon(&["generate", "--model", "/nonexistent/dir", "--prompt", "hi"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("/nonexistent/dir"), "{}", text(&o));
+    let o = falcon(&["generate", "--prompt", "hi", "--top-p", "0"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("--top-p"), "{}", text(&o));
+}
+
+#[test]
+fn embedded_model_generates_greedy_json_reproducibly() {
+    let args = [
+        "generate",
+        "--chat",
+        "--json",
+        "--max-new-tokens",
+        "12",
+        "--prompt",
+        "Write a Python function that adds two numbers.",
+    ];
+    let a = falcon(&args);
+    assert!(a.status.success(), "{}", text(&a));
+    let out = String::from_utf8_lossy(&a.stdout).into_owned();
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let c = &lines[0]["completion"];
+    let n = c["token_ids"].as_array().unwrap().len();
+    assert!(n >= 1 && n <= 12);
+    assert_eq!(c["logprobs"].as_array().unwrap().len(), n);
+    assert!(c["logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|l| l.as_f64().unwrap() <= 0.0));
+    assert!(!c["text"].as_str().unwrap().is_empty());
+    assert_eq!(
+        lines[1]["summary"]["new_tokens"].as_u64().unwrap() as usize,
+        n
+    );
+    let b = falcon(&args);
+    let out_b = String::from_utf8_lossy(&b.stdout).into_owned();
+    assert_eq!(
+        out.lines().next(),
+        out_b.lines().next(),
+        "greedy is deterministic"
+    );
+}
