@@ -134,7 +134,7 @@ fn embedded_model_generates_greedy_json_reproducibly() {
         .collect();
     let c = &lines[0]["completion"];
     let n = c["token_ids"].as_array().unwrap().len();
-    assert!(n >= 1 && n <= 12);
+    assert!((1..=12).contains(&n));
     assert_eq!(c["logprobs"].as_array().unwrap().len(), n);
     assert!(c["logprobs"]
         .as_array()
