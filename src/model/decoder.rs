@@ -113,6 +113,74 @@ impl DecoderConfig {
     }
 }
 
+/// The `config.json` fields every supported family shares, read once here;
+/// `qwen2.rs` and `llama.rs` add their own fields beside it (`#[serde(flatten)]`).
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct HfDecoderFields {
+    pub vocab_size: i64,
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub num_hidden_layers: i64,
+    pub num_attention_heads: i64,
+    pub num_key_value_heads: Option<i64>,
+    pub head_dim: Option<i64>,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    #[serde(default = "default_theta")]
+    pub rope_theta: f64,
+    /// transformers >= 5 keeps rope_theta (and any scaling) here.
+    #[serde(default)]
+    pub rope_parameters: Option<serde_json::Value>,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    pub max_position_embeddings: Option<i64>,
+}
+
+fn default_eps() -> f64 {
+    1e-6
+}
+
+fn default_theta() -> f64 {
+    10000.0
+}
+
+impl HfDecoderFields {
+    /// `rope_parameters.rope_theta` when present, else `rope_theta`.
+    pub fn theta(&self) -> f64 {
+        self.rope_parameters
+            .as_ref()
+            .and_then(|r| r.get("rope_theta"))
+            .and_then(|t| t.as_f64())
+            .unwrap_or(self.rope_theta)
+    }
+
+    /// The family-independent part of the decoder config; the caller sets
+    /// biases and RoPE scaling.
+    pub fn decoder_config(&self, default_max_positions: i64) -> DecoderConfig {
+        DecoderConfig {
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_hidden_layers: self.num_hidden_layers,
+            num_attention_heads: self.num_attention_heads,
+            num_key_value_heads: self.num_key_value_heads.unwrap_or(self.num_attention_heads),
+            head_dim: self
+                .head_dim
+                .unwrap_or(self.hidden_size / self.num_attention_heads.max(1)),
+            rms_norm_eps: self.rms_norm_eps,
+            rope_theta: self.theta(),
+            rope_scaling: None,
+            qkv_bias: false,
+            o_bias: false,
+            mlp_bias: false,
+            tie_word_embeddings: self.tie_word_embeddings,
+            max_position_embeddings: self
+                .max_position_embeddings
+                .unwrap_or(default_max_positions),
+        }
+    }
+}
+
 /// The key/value cache for one batch of sequences, owned by the caller and
 /// allocated once per rollout (STYLE.md §2).
 pub struct KvCache {

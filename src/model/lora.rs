@@ -138,29 +138,28 @@ impl LoraLinear {
 
     /// Fold the adapter into the base weight. No-op without an adapter or when merged.
     pub fn merge(&mut self) {
-        if self.adapter.is_none() || self.is_merged() {
-            return;
-        }
-        let d = self.delta().expect("adapter present");
-        tch::no_grad(|| {
-            let _ = self.weight.g_add_(&d);
-        });
-        if let Some(a) = &self.adapter {
-            a.merged.set(true);
-        }
+        self.fold(true);
     }
 
     /// Take a merged adapter back out of the base weight.
     pub fn unmerge(&mut self) {
-        if !self.is_merged() {
+        self.fold(false);
+    }
+
+    fn fold(&mut self, merge: bool) {
+        if self.adapter.is_none() || self.is_merged() == merge {
             return;
         }
         let d = self.delta().expect("adapter present");
         tch::no_grad(|| {
-            let _ = self.weight.g_sub_(&d);
+            let _ = if merge {
+                self.weight.g_add_(&d)
+            } else {
+                self.weight.g_sub_(&d)
+            };
         });
         if let Some(a) = &self.adapter {
-            a.merged.set(false);
+            a.merged.set(merge);
         }
     }
 }
