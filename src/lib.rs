@@ -6,5 +6,6 @@
 //! import from the ones above it, never below.
 
 pub mod config;
+pub mod fsutil;
 pub mod model;
 pub mod task;

@@ -17,6 +17,7 @@ use falcon_rl::model::gguf::{convert_to_hf, OutDtype};
 use falcon_rl::model::hub;
 use falcon_rl::model::sampling::Sampler;
 use falcon_rl::model::{ChatMessage, Dtype, GenerationParams, Generator, Policy};
+use falcon_rl::task::{LoadOptions, TaskFormat, TaskKind, TaskSet};
 
 #[derive(Parser)]
 #[command(
@@ -50,6 +51,26 @@ enum Cmd {
     Config(ConfigCmd),
     /// Write the model's logits for token ids to a safetensors file (parity checks).
     Score(ScoreArgs),
+    /// Load a task file and report what it holds (or where it is malformed).
+    #[command(subcommand)]
+    Tasks(TasksCmd),
+}
+
+#[derive(Subcommand)]
+enum TasksCmd {
+    /// Parse a task file (own JSONL, HumanEval, MBPP, PriCoder) and print a summary.
+    Check {
+        file: PathBuf,
+        /// auto, jsonl, humaneval, mbpp or pricoder.
+        #[arg(long, default_value = "auto")]
+        format: String,
+        /// Skip malformed records (each is reported and counted) instead of failing.
+        #[arg(long)]
+        skip_invalid: bool,
+        /// Also write the tasks as falcon JSONL to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Args)]
@@ -410,6 +431,40 @@ fn cmd_score(args: ScoreArgs) -> Result<()> {
     Ok(())
 }
 
+fn cmd_tasks(cmd: TasksCmd) -> Result<()> {
+    let TasksCmd::Check {
+        file,
+        format,
+        skip_invalid,
+        out,
+    } = cmd;
+    let format: TaskFormat = serde_json::from_value(serde_json::Value::String(format.clone()))
+        .map_err(|_| {
+            UsageError(format!(
+                "--format {format}: use auto, jsonl, humaneval, mbpp or pricoder"
+            ))
+        })?;
+    let set = TaskSet::load(&file, format, LoadOptions { skip_invalid })
+        .map_err(|e| UsageError(e.to_string()))?;
+    for s in &set.skipped {
+        eprintln!("skipped {}:{}: {}", file.display(), s.line, s.reason);
+    }
+    let numba = set.iter().filter(|t| t.kind == TaskKind::NumbaCuda).count();
+    let tests: usize = set.iter().map(|t| t.tests.len()).sum();
+    println!(
+        "{}: {} tasks ({} python, {numba} numba_cuda), {tests} tests, {} skipped",
+        file.display(),
+        set.len(),
+        set.len() - numba,
+        set.skipped.len()
+    );
+    if let Some(out) = out {
+        set.write_jsonl(&out)?;
+        println!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
 fn cmd_info() -> Result<()> {
     let cuda = cuda_status();
     println!("falcon-rl {}", env!("CARGO_PKG_VERSION"));
@@ -458,6 +513,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Export(a) => cmd_export(a),
         Cmd::Config(c) => cmd_config(c),
         Cmd::Score(a) => cmd_score(a),
+        Cmd::Tasks(t) => cmd_tasks(t),
     }
 }
 

@@ -18,6 +18,8 @@ pub enum ModelError {
     NotFound(String),
     #[error(transparent)]
     Gguf(#[from] super::gguf::GgufError),
+    #[error(transparent)]
+    Write(#[from] crate::fsutil::WriteError),
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
 }

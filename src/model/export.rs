@@ -18,6 +18,7 @@ use tch::Tensor;
 use super::generate::Policy;
 use super::weights::{read_all, save_safetensors, write_atomic};
 use super::{Dtype, LoraConfig, ModelError, TorchKind};
+use crate::fsutil::publish_dir;
 
 /// Files copied verbatim from the source model directory, when present.
 const TOKENIZER_FILES: [&str; 6] = [
@@ -36,44 +37,6 @@ fn write_json(path: &Path, v: &serde_json::Value) -> Result<(), ModelError> {
     let text = serde_json::to_string_pretty(v)
         .map_err(|e| ModelError::Invalid(format!("serialising {}: {e}", path.display())))?;
     write_atomic(path, format!("{text}\n").as_bytes())
-}
-
-/// Build `out` by filling a fresh temp directory with `fill`, then renaming
-/// it into place. An existing `out` is replaced only with `overwrite`.
-fn publish_dir(
-    out: &Path,
-    overwrite: bool,
-    fill: impl FnOnce(&Path) -> Result<(), ModelError>,
-) -> Result<(), ModelError> {
-    if out.exists() && !overwrite {
-        return Err(ModelError::Invalid(format!(
-            "{}: already exists (pass --overwrite to replace it)",
-            out.display()
-        )));
-    }
-    let parent = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(|e| ModelError::io(parent, e))?;
-    let name = out
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
-    if let Err(e) = fill(&tmp) {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e);
-    }
-    let old = parent.join(format!(".{name}.old-{}", std::process::id()));
-    if out.exists() {
-        std::fs::rename(out, &old).map_err(|e| ModelError::io(out, e))?;
-    }
-    std::fs::rename(&tmp, out).map_err(|e| ModelError::io(out, e))?;
-    let _ = std::fs::remove_dir_all(&old);
-    Ok(())
 }
 
 /// The base-model tensors with any LoRA delta folded in, under HF names,
@@ -112,7 +75,7 @@ pub fn export_hf(
     dtype: Dtype,
     overwrite: bool,
 ) -> Result<PathBuf, ModelError> {
-    publish_dir(out, overwrite, |dir| {
+    publish_dir(out, overwrite, |dir| -> Result<(), ModelError> {
         let tensors = merged_tensors(policy, dtype);
         let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
         save_safetensors(&dir.join("model.safetensors"), &tensors, Some(meta))?;
@@ -159,7 +122,7 @@ pub fn export_peft(policy: &Policy, out: &Path, overwrite: bool) -> Result<PathB
     let cfg = policy.lora.as_ref().ok_or_else(|| {
         ModelError::Invalid("no LoRA adapters attached: nothing to export".into())
     })?;
-    publish_dir(out, overwrite, |dir| {
+    publish_dir(out, overwrite, |dir| -> Result<(), ModelError> {
         let mut tensors: Vec<(String, Tensor)> = policy
             .vs
             .variables()

@@ -31,6 +31,9 @@ const MAX_ARRAY_NESTING: u32 = 8;
 /// of the file (or output file) it concerns.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
+    /// Writing an output file failed.
+    #[error(transparent)]
+    Write(#[from] crate::fsutil::WriteError),
     /// Reading the GGUF or writing an output file failed at the OS level.
     #[error("{}: {action}: {source}", path.display())]
     Io {
@@ -1097,7 +1100,7 @@ pub fn convert_to_hf(
     std::fs::create_dir_all(out_dir).map_err(io_err(out_dir, "cannot create directory"))?;
     let mut files = Vec::new();
     let st_path = out_dir.join("model.safetensors");
-    let parameters = write_atomically(&st_path, |w, tmp| {
+    let parameters = crate::fsutil::write_atomic_with(&st_path, |w, tmp| {
         write_safetensors(&g, &plan, dtype, w, tmp)
     })?;
     files.push(st_path);
@@ -1109,7 +1112,7 @@ pub fn convert_to_hf(
         ("special_tokens_map.json", pretty(&tok.special_tokens_map)),
     ] {
         let path = out_dir.join(name);
-        write_atomically(&path, |w, tmp| {
+        crate::fsutil::write_atomic_with(&path, |w, tmp| {
             w.write_all(text.as_bytes())
                 .map_err(io_err(tmp, "cannot write"))
         })?;
@@ -1276,39 +1279,6 @@ fn write_safetensors(
         parameters += values.len() as u64;
     }
     Ok(parameters)
-}
-
-/// Writes `path` via a temporary file in the same directory, fsynced and renamed into place, so
-/// a crash leaves either the old file or the complete new one.
-fn write_atomically<T>(
-    path: &Path,
-    body: impl FnOnce(&mut BufWriter<File>, &Path) -> Result<T, GgufError>,
-) -> Result<T, GgufError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let file = File::create(&tmp).map_err(io_err(&tmp, "cannot create"))?;
-        let mut w = BufWriter::with_capacity(1 << 20, file);
-        let value = body(&mut w, &tmp)?;
-        let file = w
-            .into_inner()
-            .map_err(|e| io_err(&tmp, "cannot write")(e.into_error()))?;
-        file.sync_all().map_err(io_err(&tmp, "cannot fsync"))?;
-        std::fs::rename(&tmp, path).map_err(io_err(path, "cannot rename into place"))?;
-        Ok(value)
-    })();
-    if result.is_err() {
-        // Best effort: the error being returned matters more than a leftover temp file.
-        let _ = std::fs::remove_file(&tmp);
-    } else if let Ok(d) = File::open(dir) {
-        // Persist the rename itself; not every filesystem supports fsync on a directory.
-        let _ = d.sync_all();
-    }
-    result
 }
 
 /// The three tokenizer files, rendered.

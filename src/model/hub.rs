@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use super::gguf::{convert_to_hf, OutDtype};
 use super::ModelError;
+use crate::fsutil::publish_dir;
 
 /// The name of the embedded default model.
 pub const EMBEDDED: &str = "embedded:smollm2-135m-instruct";
@@ -152,29 +153,19 @@ fn gguf_dir(gguf: &Path, name: &str) -> Result<PathBuf, ModelError> {
     if dir.join("config.json").is_file() && dir.join("model.safetensors").is_file() {
         return Ok(dir);
     }
-    let parent = dir.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(|e| ModelError::io(parent, e))?;
-    // Convert into a private temp directory, then rename: a killed conversion
-    // never leaves a half-written model that a later run would trust.
-    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
     eprintln!(
         "falcon: converting {} to an HF directory (once) in {}",
         gguf.display(),
         dir.display()
     );
-    if let Err(e) = convert_to_hf(gguf, &tmp, OutDtype::F32) {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e.into());
-    }
-    match std::fs::rename(&tmp, &dir) {
+    let published = publish_dir(&dir, false, |tmp| -> Result<(), ModelError> {
+        convert_to_hf(gguf, tmp, OutDtype::F32)?;
+        Ok(())
+    });
+    match published {
         Ok(()) => Ok(dir),
-        // Another process won the race: use its result.
-        Err(_) if dir.join("model.safetensors").is_file() => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            Ok(dir)
-        }
-        Err(e) => Err(ModelError::io(&dir, e)),
+        // Another process converted it meanwhile: use its result.
+        Err(_) if dir.join("model.safetensors").is_file() => Ok(dir),
+        Err(e) => Err(e),
     }
 }

@@ -7,7 +7,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype as StDtype, SafeTensors, TensorView};
@@ -219,33 +218,7 @@ pub fn save_safetensors(
     write_atomic(path, &bytes)
 }
 
-/// Write `bytes` to `path` so that readers see either the old file or the
-/// whole new one: temp file beside it, fsync, rename, fsync the directory.
+/// Write `bytes` to `path` atomically (see [`crate::fsutil`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .ok_or_else(|| ModelError::Invalid(format!("{}: not a file path", path.display())))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    result.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        ModelError::io(path, e)
-    })
+    Ok(crate::fsutil::write_atomic(path, bytes)?)
 }

@@ -48,6 +48,9 @@ pub enum TaskError {
         /// Why the format is unknown, and what to do.
         reason: String,
     },
+    /// Writing a task file failed.
+    #[error(transparent)]
+    Write(#[from] crate::fsutil::WriteError),
 }
 
 /// How a task's solution is run.
@@ -252,10 +255,10 @@ impl TaskSet {
 
     /// Writes [`TaskSet::to_jsonl`] to `path`.
     pub fn write_jsonl(&self, path: &Path) -> Result<(), TaskError> {
-        std::fs::write(path, self.to_jsonl()).map_err(|source| TaskError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
+        Ok(crate::fsutil::write_atomic(
+            path,
+            self.to_jsonl().as_bytes(),
+        )?)
     }
 
     /// Number of tasks loaded.

@@ -1,0 +1,140 @@
+//! Crash-safe file writes, shared by every module that persists something a
+//! user relies on (exports, converted models, task files, later checkpoints):
+//! write a temp file beside the target, fsync, rename over it, fsync the
+//! directory. Readers see the old file or the whole new one, never a torn one.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// A failed atomic write: which file, which step, why.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: cannot {action}: {source}")]
+pub struct WriteError {
+    pub path: PathBuf,
+    pub action: &'static str,
+    #[source]
+    pub source: std::io::Error,
+}
+
+fn err<'a>(path: &'a Path, action: &'static str) -> impl FnOnce(std::io::Error) -> WriteError + 'a {
+    move |source| WriteError {
+        path: path.to_path_buf(),
+        action,
+        source,
+    }
+}
+
+/// Stream the contents of `path` through `body`, atomically. `body` gets the
+/// buffered temp file and its path (for its own error messages).
+pub fn write_atomic_with<T, E: From<WriteError>>(
+    path: &Path,
+    body: impl FnOnce(&mut BufWriter<File>, &Path) -> Result<T, E>,
+) -> Result<T, E> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let file = File::create(&tmp).map_err(err(&tmp, "create"))?;
+        let mut w = BufWriter::with_capacity(1 << 20, file);
+        let value = body(&mut w, &tmp)?;
+        let file = w
+            .into_inner()
+            .map_err(|e| err(&tmp, "write")(e.into_error()))?;
+        file.sync_all().map_err(err(&tmp, "fsync"))?;
+        std::fs::rename(&tmp, path).map_err(err(path, "rename into place"))?;
+        Ok(value)
+    })();
+    if result.is_err() {
+        // The error being returned matters more than a leftover temp file.
+        let _ = std::fs::remove_file(&tmp);
+    } else if let Ok(d) = File::open(dir) {
+        // Persist the rename itself; not every filesystem can fsync a directory.
+        let _ = d.sync_all();
+    }
+    result
+}
+
+/// Write `bytes` to `path` atomically.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
+    write_atomic_with(path, |w, tmp| w.write_all(bytes).map_err(err(tmp, "write")))
+}
+
+/// Build directory `out` by filling a fresh temp sibling with `fill`, then
+/// renaming it into place, so a crash never leaves a half-written directory
+/// that a later run would trust. An existing `out` is replaced only with
+/// `overwrite` (and then only after the new one is complete).
+pub fn publish_dir<E: From<WriteError>>(
+    out: &Path,
+    overwrite: bool,
+    fill: impl FnOnce(&Path) -> Result<(), E>,
+) -> Result<(), E> {
+    if out.exists() && !overwrite {
+        return Err(WriteError {
+            path: out.to_path_buf(),
+            action: "write: it already exists (pass --overwrite to replace it)",
+            source: std::io::ErrorKind::AlreadyExists.into(),
+        }
+        .into());
+    }
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(err(parent, "create directory"))?;
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(err(&tmp, "create directory"))?;
+    if let Err(e) = fill(&tmp) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+    if out.exists() {
+        std::fs::rename(out, &old).map_err(err(out, "move the old directory aside"))?;
+    }
+    std::fs::rename(&tmp, out).map_err(err(out, "rename into place"))?;
+    let _ = std::fs::remove_dir_all(&old);
+    if let Ok(d) = File::open(parent) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_whole_file_and_leaves_no_temp_on_error() {
+        let d = std::env::temp_dir().join(format!("falcon-fsutil-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let f = d.join("a.txt");
+        write_atomic(&f, b"old").unwrap();
+        write_atomic(&f, b"new contents").unwrap();
+        assert_eq!(std::fs::read(&f).unwrap(), b"new contents");
+        let r: Result<(), WriteError> = write_atomic_with(&f, |w, tmp| {
+            w.write_all(b"partial").map_err(err(tmp, "write"))?;
+            Err(err(tmp, "write")(std::io::Error::other("boom")))
+        });
+        assert!(r.is_err());
+        assert_eq!(
+            std::fs::read(&f).unwrap(),
+            b"new contents",
+            "old file intact"
+        );
+        let left: Vec<_> = std::fs::read_dir(&d).unwrap().flatten().collect();
+        assert_eq!(left.len(), 1, "no temp file left behind");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
