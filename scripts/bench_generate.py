@@ -3,7 +3,8 @@
 
 Both sides load the same HF directory, use the same dtype, device, batch,
 thread count and prompt, decode greedily for exactly N new tokens, and are
-timed around generation only (model load excluded, one warm-up run each).
+timed around generation only (model load excluded, one warm-up run each),
+the two sides alternating run by run.
 Prints one row per (dtype, batch) and the ratio falcon / transformers.
 """
 
@@ -87,12 +88,15 @@ def main():
                 assert out.shape[1] - enc["input_ids"].shape[1] == a.tokens
                 return batch * a.tokens / dt
 
-            hf_once()  # warm-up
-            hf = statistics.median(hf_once() for _ in range(a.repeats))
-            falcon_tps(bin_, model_dir, dtype, batch, a.tokens, a.threads, a.device)  # warm-up
-            ours = statistics.median(
-                falcon_tps(bin_, model_dir, dtype, batch, a.tokens, a.threads, a.device)
-                for _ in range(a.repeats))
+            hf_once()  # warm-ups
+            falcon_tps(bin_, model_dir, dtype, batch, a.tokens, a.threads, a.device)
+            # Interleaved, so that a noisy neighbour slows both sides alike.
+            hf_runs, our_runs = [], []
+            for _ in range(a.repeats):
+                hf_runs.append(hf_once())
+                our_runs.append(falcon_tps(bin_, model_dir, dtype, batch, a.tokens, a.threads,
+                                           a.device))
+            hf, ours = statistics.median(hf_runs), statistics.median(our_runs)
             rows.append((dtype, batch, ours, hf))
             print(f"{dtype:6} {batch:>5} {ours:>13.1f} {hf:>19.1f} {ours / hf:>6.2f}x", flush=True)
         del model

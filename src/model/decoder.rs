@@ -233,7 +233,8 @@ impl KvCache {
 /// Per-forward attention context shared by every layer.
 struct AttnCtx {
     cos: Tensor,
-    sin: Tensor,
+    /// `[-sin, sin]` halves: see `apply_rope`.
+    sin_signed: Tensor,
     /// `[B, 1, T, S]` bool, `None` when plain causal attention is exact.
     mask: Option<Tensor>,
     causal: bool,
@@ -251,15 +252,12 @@ struct Attention {
     head_dim: i64,
 }
 
-fn rotate_half(x: &Tensor) -> Tensor {
+/// `x·cos + rotate_half(x)·sin`, with `rotate_half(x) = [-x₂, x₁]` written as
+/// `roll(x, D/2)·[-sin₁, sin₂]`: the same products (negation is exact), in
+/// three kernels instead of seven. `sin_signed` carries the sign.
+fn apply_rope(x: &Tensor, cos: &Tensor, sin_signed: &Tensor) -> Tensor {
     let half = x.size()[3] / 2;
-    let x1 = x.narrow(3, 0, half);
-    let x2 = x.narrow(3, half, half);
-    Tensor::cat(&[x2.neg(), x1], 3)
-}
-
-fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
-    x * cos + rotate_half(x) * sin
+    x * cos + x.roll([half], [3]) * sin_signed
 }
 
 impl Attention {
@@ -277,8 +275,8 @@ impl Attention {
         let q = q.view([b, t, self.n_heads, self.head_dim]).transpose(1, 2);
         let k = k.view([b, t, self.n_kv, self.head_dim]).transpose(1, 2);
         let v = v.view([b, t, self.n_kv, self.head_dim]).transpose(1, 2);
-        let q = apply_rope(&q, &ctx.cos, &ctx.sin);
-        let k = apply_rope(&k, &ctx.cos, &ctx.sin);
+        let q = apply_rope(&q, &ctx.cos, &ctx.sin_signed);
+        let k = apply_rope(&k, &ctx.cos, &ctx.sin_signed);
         let (k, v) = match cache {
             Some((kc, vc)) => {
                 kc.narrow(2, ctx.start, t).copy_(&k);
@@ -331,6 +329,12 @@ struct Block {
 /// after casting back to the activation dtype.
 fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
     let kind = x.kind();
+    if kind == Kind::Float {
+        // libtorch's fused kernel is bit-identical to the composite in fp32
+        // and one dispatch instead of eight; in bf16/fp16 it rounds once
+        // where the reference rounds twice, so those keep the composite.
+        return x.rms_norm([x.size()[x.dim() - 1]], Some(weight), eps);
+    }
     let xf = x.to_kind(Kind::Float);
     let var = xf.square().mean_dim(-1, true, Kind::Float);
     let y = xf * (var + eps).rsqrt();
@@ -476,11 +480,14 @@ impl Decoder {
         run.clamp_min(0) + start_pos.unsqueeze(1)
     }
 
+    /// `cos` and sign-folded `sin` tables, `[B, 1, T, D]` in the activation
+    /// dtype, computed in fp32 like the reference.
     fn rope_tables(&self, pos: &Tensor, kind: Kind) -> (Tensor, Tensor) {
-        // [B, T, D/2] in fp32, then [B, 1, T, D] in the activation dtype.
         let freqs = pos.to_kind(Kind::Float).unsqueeze(-1) * self.inv_freq.view([1, 1, -1]);
-        let emb = Tensor::cat(&[&freqs, &freqs], -1).unsqueeze(1);
-        (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
+        let (c, s) = (freqs.cos(), freqs.sin());
+        let cos = Tensor::cat(&[&c, &c], -1).unsqueeze(1);
+        let sin_signed = Tensor::cat(&[&s.neg(), &s], -1).unsqueeze(1);
+        (cos.to_kind(kind), sin_signed.to_kind(kind))
     }
 
     /// Run the decoder on `input_ids` `[B, T]` (i64). `valid` `[B, T]` (bool)
@@ -557,7 +564,7 @@ impl Decoder {
                 (
                     AttnCtx {
                         cos,
-                        sin,
+                        sin_signed: sin,
                         mask,
                         causal,
                         start,
@@ -577,7 +584,7 @@ impl Decoder {
                 (
                     AttnCtx {
                         cos,
-                        sin,
+                        sin_signed: sin,
                         mask,
                         causal,
                         start: 0,
@@ -587,7 +594,7 @@ impl Decoder {
             }
         };
 
-        let mut h = self.embed_tokens.embedding_for(input_ids);
+        let mut h = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
         let eps = self.config.rms_norm_eps;
         match cache {
             Some(cache) => {
@@ -609,7 +616,12 @@ impl Decoder {
         };
         let h = rms_norm(&h, &self.norm, eps);
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        Ok(h.linear(head, None::<Tensor>))
+        // `W · hᵀ` rather than `h · Wᵀ`: for the few rows of a decode step the
+        // BLAS kernels run this orientation of the vocab projection (the
+        // largest matmul of a small model) markedly faster; same products.
+        let (b, t, d) = h.size3().expect("hidden states are [B, T, H]");
+        let logits = head.mm(&h.reshape([b * t, d]).transpose(0, 1));
+        Ok(logits.transpose(0, 1).reshape([b, t, -1]))
     }
 
     /// `[B, 1, T, S]` bool attention mask for `t` new rows starting at slot
@@ -632,16 +644,6 @@ impl Decoder {
 
     pub fn kind(&self) -> Kind {
         self.embed_tokens.kind()
-    }
-}
-
-trait EmbeddingFor {
-    fn embedding_for(&self, ids: &Tensor) -> Tensor;
-}
-
-impl EmbeddingFor for Tensor {
-    fn embedding_for(&self, ids: &Tensor) -> Tensor {
-        Tensor::embedding(self, ids, -1, false, false)
     }
 }
 
