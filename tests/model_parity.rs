@@ -96,30 +96,15 @@ fn kv_cache_decoding_equals_full_recomputation() {
         let mut cache = KvCache::new(&p.model.config, 1, 32, Kind::Float, Device::Cpu);
         let prefix = 4;
         let mut step_logits = Vec::new();
+        // The prompt in one go, then one token at a time.
+        let chunks = std::iter::once(&seq[..prefix]).chain(seq[prefix..].chunks(1));
         tch::no_grad(|| {
-            let l = p
-                .model
-                .forward(
-                    &ids_tensor(&[seq[..prefix].to_vec()]),
-                    None,
-                    Some(&mut cache),
-                    LogitsFor::All,
-                    false,
-                )
-                .unwrap();
-            step_logits.push(l);
-            for &t in &seq[prefix..] {
+            for chunk in chunks {
+                let ids = ids_tensor(&[chunk.to_vec()]);
                 let l = p
                     .model
-                    .forward(
-                        &Tensor::from_slice(&[t]).view([1, 1]),
-                        None,
-                        Some(&mut cache),
-                        LogitsFor::All,
-                        false,
-                    )
-                    .unwrap();
-                step_logits.push(l);
+                    .forward(&ids, None, Some(&mut cache), LogitsFor::All, false);
+                step_logits.push(l.unwrap());
             }
         });
         let stepped = Tensor::cat(&step_logits, 1);
