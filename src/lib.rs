@@ -6,6 +6,8 @@
 //! import from the ones above it, never below.
 
 pub mod config;
+pub mod exec;
 pub mod fsutil;
 pub mod model;
+pub mod reward;
 pub mod task;
