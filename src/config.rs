@@ -102,6 +102,8 @@ sections! {
     generation: GenerationConfig,
     /// `[tasks]`: where the task set comes from and how to read it.
     tasks: TasksConfig,
+    /// `[exec]`: the execution sandbox (isolation, limits, pool size, CUDA mode).
+    exec: ExecConfig,
     /// `[reward]`: FALCON §4.4 reward terms, weights, modes and judges.
     reward: RewardConfig,
 }
@@ -577,6 +579,195 @@ impl Section for TasksConfig {
                     "must not be empty; remove the key to leave it unset",
                 );
             }
+        }
+    }
+}
+
+/// Default wall-clock limit per test, seconds.
+pub const EXEC_DEFAULT_TIMEOUT_S: f64 = 5.0;
+/// Default address-space limit of the process running candidate code, MiB.
+pub const EXEC_DEFAULT_MEMORY_MB: u64 = 2048;
+/// Default limit on the size of any one file the candidate writes (stdout included), MiB.
+pub const EXEC_DEFAULT_FILE_SIZE_MB: u64 = 16;
+/// Default size of each worker's private writable tmpfs (the job directory), MiB.
+pub const EXEC_DEFAULT_DISK_MB: u64 = 64;
+/// Default limit on open file descriptors of the candidate process.
+pub const EXEC_DEFAULT_OPEN_FILES: u64 = 64;
+/// Default limit on processes and threads of the candidate's uid.
+pub const EXEC_DEFAULT_PROCESSES: u64 = 32;
+/// Default number of bytes of stdout/stderr kept per sample (the tail).
+pub const EXEC_DEFAULT_OUTPUT_BYTES: usize = 4096;
+/// Default largest answer (one message) the trusted side accepts from candidate code, MiB.
+pub const EXEC_DEFAULT_MAX_RESULT_MB: u64 = 16;
+/// Default first uid of the candidate processes; worker `i` uses `uid_base + i`.
+pub const EXEC_DEFAULT_UID_BASE: u32 = 61000;
+/// Modules imported once by every worker before it forks (missing ones are skipped).
+pub const EXEC_DEFAULT_PRELOAD: &[&str] = &[
+    "math",
+    "re",
+    "collections",
+    "itertools",
+    "functools",
+    "heapq",
+    "bisect",
+    "string",
+    "typing",
+    "fractions",
+    "decimal",
+    "statistics",
+    "random",
+    "operator",
+    "copy",
+    "datetime",
+    "hashlib",
+    "numpy",
+];
+
+/// How strongly candidate code is isolated from the host.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    /// bubblewrap: network, pid and mount namespaces, read-only system, private tmpfs.
+    #[default]
+    Bwrap,
+    /// No namespaces (rlimits, uid drop when root, timeouts only). Warns loudly once.
+    None,
+}
+
+/// Where `numba_cuda` tasks run their kernels.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CudaMode {
+    /// The device when `/dev/nvidia0` exists, else the simulator.
+    #[default]
+    Auto,
+    /// numba's CUDA simulator (`NUMBA_ENABLE_CUDASIM=1`).
+    Sim,
+    /// The GPU (the NVIDIA device nodes are bound into the sandbox).
+    Device,
+}
+
+/// `[exec]`: the sandbox that runs candidate code (see docs/sandbox.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExecConfig {
+    /// `"bwrap"` (default) or `"none"` (weaker; warns once).
+    pub isolation: Isolation,
+    /// Warm workers in the pool; 0 = one per CPU.
+    pub workers: usize,
+    /// Python interpreter (a name on PATH or a path); resolved once on the host.
+    pub python: String,
+    /// The bubblewrap binary.
+    pub bwrap: String,
+    /// Wall-clock limit per test, seconds.
+    pub timeout_s: f64,
+    /// CPU-seconds limit per test; 0 = `ceil(timeout_s) + 1`.
+    pub cpu_s: u64,
+    /// Address-space limit of the candidate process, MiB.
+    pub memory_mb: u64,
+    /// Largest file the candidate may write (stdout/stderr included), MiB.
+    pub file_size_mb: u64,
+    /// Size of each worker's writable tmpfs, MiB.
+    pub disk_mb: u64,
+    /// Open file descriptors of the candidate process.
+    pub open_files: u64,
+    /// Processes/threads of the candidate's uid.
+    pub processes: u64,
+    /// Bytes of stdout/stderr tail kept per sample.
+    pub output_bytes: usize,
+    /// Largest single answer accepted from candidate code, MiB.
+    pub max_result_mb: u64,
+    /// First uid for candidate processes (worker i uses uid_base + i); needs root.
+    pub uid_base: u32,
+    /// numba_cuda tasks: `"auto"`, `"sim"` or `"device"`.
+    pub cuda: CudaMode,
+    /// Modules each worker imports before forking (missing ones are skipped).
+    pub preload: Vec<String>,
+}
+
+impl Default for ExecConfig {
+    fn default() -> Self {
+        Self {
+            isolation: Isolation::Bwrap,
+            workers: 0,
+            python: "python3".to_owned(),
+            bwrap: "bwrap".to_owned(),
+            timeout_s: EXEC_DEFAULT_TIMEOUT_S,
+            cpu_s: 0,
+            memory_mb: EXEC_DEFAULT_MEMORY_MB,
+            file_size_mb: EXEC_DEFAULT_FILE_SIZE_MB,
+            disk_mb: EXEC_DEFAULT_DISK_MB,
+            open_files: EXEC_DEFAULT_OPEN_FILES,
+            processes: EXEC_DEFAULT_PROCESSES,
+            output_bytes: EXEC_DEFAULT_OUTPUT_BYTES,
+            max_result_mb: EXEC_DEFAULT_MAX_RESULT_MB,
+            uid_base: EXEC_DEFAULT_UID_BASE,
+            cuda: CudaMode::Auto,
+            preload: EXEC_DEFAULT_PRELOAD
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
+        }
+    }
+}
+
+impl Section for ExecConfig {
+    fn validate_into(&self, path: &str, problems: &mut Problems) {
+        if !(self.timeout_s > 0.0 && self.timeout_s <= 3600.0) {
+            problems.push(
+                &format!("{path}.timeout_s"),
+                self.timeout_s,
+                "must be in (0, 3600] seconds",
+            );
+        }
+        if self.workers > 1024 {
+            problems.push(
+                &format!("{path}.workers"),
+                self.workers,
+                "must be at most 1024 (0 = one per CPU)",
+            );
+        }
+        for (key, value, min) in [
+            ("memory_mb", self.memory_mb, 64),
+            ("file_size_mb", self.file_size_mb, 1),
+            ("disk_mb", self.disk_mb, 1),
+            ("open_files", self.open_files, 16),
+            ("processes", self.processes, 1),
+            ("max_result_mb", self.max_result_mb, 1),
+        ] {
+            if value < min {
+                problems.push(
+                    &format!("{path}.{key}"),
+                    value,
+                    &format!("must be >= {min}"),
+                );
+            }
+        }
+        if self.python.trim().is_empty() {
+            problems.push(
+                &format!("{path}.python"),
+                &self.python,
+                "must name a Python 3 interpreter",
+            );
+        }
+        if self.bwrap.trim().is_empty() {
+            problems.push(
+                &format!("{path}.bwrap"),
+                &self.bwrap,
+                "must name the bubblewrap binary",
+            );
+        }
+        if self.uid_base == 0
+            || self
+                .uid_base
+                .checked_add(self.workers.max(1024) as u32)
+                .is_none()
+        {
+            problems.push(
+                &format!("{path}.uid_base"),
+                self.uid_base,
+                "must be > 0 and leave room for one uid per worker",
+            );
         }
     }
 }

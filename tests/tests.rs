@@ -5,6 +5,8 @@
 mod bundled_tasks;
 mod cli;
 mod common;
+mod exec_adversarial;
+mod exec_reference;
 mod gguf_smollm2;
 mod model_io;
 mod model_parity;
