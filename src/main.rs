@@ -54,6 +54,31 @@ enum Cmd {
     /// Load a task file and report what it holds (or where it is malformed).
     #[command(subcommand)]
     Tasks(TasksCmd),
+    /// Run code samples against their tasks in the sandbox and score them.
+    Exec(ExecArgs),
+}
+
+#[derive(Args)]
+struct ExecArgs {
+    /// Task file (own JSONL, HumanEval, MBPP, PriCoder).
+    #[arg(long)]
+    tasks: PathBuf,
+    /// Samples: JSONL with `task_id` and `code` per line; or `canonical` to run
+    /// every task's canonical solution.
+    #[arg(long)]
+    samples: String,
+    /// Where the per-sample reports go (JSONL); default: stdout.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Run config whose [exec] and [reward] sections apply (default: built-in defaults).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Skip malformed task or sample records (reported and counted) instead of failing.
+    #[arg(long)]
+    skip_invalid: bool,
+    /// Model for `[reward] judge = "lm"` (a local dir, .gguf, cached repo id or `embedded`).
+    #[arg(long)]
+    judge_model: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -465,6 +490,179 @@ fn cmd_tasks(cmd: TasksCmd) -> Result<()> {
     Ok(())
 }
 
+/// One `falcon exec` sample: which task, which code.
+#[derive(serde::Deserialize)]
+struct Sample {
+    task_id: String,
+    code: String,
+}
+
+fn read_samples(arg: &str, tasks: &TaskSet, skip_invalid: bool) -> Result<Vec<Sample>> {
+    if arg == "canonical" {
+        return Ok(tasks
+            .iter()
+            .filter_map(|t| {
+                t.canonical_solution.as_ref().map(|c| Sample {
+                    task_id: t.id.clone(),
+                    code: c.clone(),
+                })
+            })
+            .collect());
+    }
+    let text = std::fs::read_to_string(arg).with_context(|| format!("reading samples {arg}"))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let parsed = serde_json::from_str::<Sample>(line)
+            .map_err(|e| e.to_string())
+            .and_then(|s| match tasks.get(&s.task_id) {
+                Some(_) => Ok(s),
+                None => Err(format!("task_id `{}` is not in the task file", s.task_id)),
+            });
+        match parsed {
+            Ok(s) => out.push(s),
+            Err(reason) if skip_invalid => eprintln!("skipped {arg}:{}: {reason}", i + 1),
+            Err(reason) => return Err(UsageError(format!("{arg}:{}: {reason}", i + 1)).into()),
+        }
+    }
+    Ok(out)
+}
+
+fn cmd_exec(args: ExecArgs) -> Result<()> {
+    use falcon_rl::exec::{ErrorKind, Sandbox};
+    use falcon_rl::reward::{composite, judge_from_config, Aspect, SampleSignals};
+    use std::collections::BTreeMap;
+
+    let cfg = match &args.config {
+        Some(f) => {
+            let c = RunConfig::from_file(f).map_err(|e| UsageError(e.to_string()))?;
+            c.validate().map_err(|e| UsageError(e.to_string()))?;
+            c
+        }
+        None => RunConfig::default(),
+    };
+    let tasks = TaskSet::load(
+        &args.tasks,
+        TaskFormat::Auto,
+        LoadOptions {
+            skip_invalid: args.skip_invalid,
+        },
+    )
+    .map_err(|e| UsageError(e.to_string()))?;
+    let samples = read_samples(&args.samples, &tasks, args.skip_invalid)?;
+    if samples.is_empty() {
+        return Err(UsageError("no samples to run".into()).into());
+    }
+    let sandbox = Sandbox::new(&cfg.exec)?;
+    let judge_policy = match &args.judge_model {
+        Some(m) => Some(load_policy(&ModelArgs {
+            model: m.clone(),
+            dtype: "fp32".into(),
+            device: "auto".into(),
+            adapter: None,
+        })?),
+        None => None,
+    };
+    let judge = judge_from_config(&cfg.reward, judge_policy.as_ref())?;
+
+    let t0 = Instant::now();
+    let bar = indicatif::ProgressBar::new(samples.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} samples {per_sec} eta {eta}")
+            .expect("static template"),
+    );
+    let mut reports = Vec::with_capacity(samples.len());
+    for chunk in samples.chunks(64) {
+        let jobs: Vec<(&falcon_rl::task::Task, &str)> = chunk
+            .iter()
+            .map(|s| (tasks.get(&s.task_id).expect("checked"), s.code.as_str()))
+            .collect();
+        reports.extend(sandbox.run_batch(&jobs));
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    let exec_secs = t0.elapsed().as_secs_f64();
+
+    let codes: Vec<&str> = samples.iter().map(|s| s.code.as_str()).collect();
+    let style = if cfg.reward.style.computed() {
+        judge.score(Aspect::Style, &codes)?
+    } else {
+        vec![None; codes.len()]
+    };
+    let complexity = if cfg.reward.complexity.computed() {
+        judge.score(Aspect::Complexity, &codes)?
+    } else {
+        vec![None; codes.len()]
+    };
+    // Standalone, the error-type statistics P_error come from this batch:
+    // the share of each error kind among all failing tests.
+    let mut kind_counts: BTreeMap<ErrorKind, usize> = BTreeMap::new();
+    for r in &reports {
+        for (k, n) in r.error_counts() {
+            *kind_counts.entry(k).or_insert(0) += n;
+        }
+    }
+    let total_errors: usize = kind_counts.values().sum();
+    let p_error: BTreeMap<ErrorKind, f64> = kind_counts
+        .iter()
+        .map(|(k, n)| (*k, *n as f64 / total_errors.max(1) as f64))
+        .collect();
+
+    let mut lines = String::new();
+    let mut by_outcome: BTreeMap<String, usize> = BTreeMap::new();
+    let mut reward_sum = 0.0;
+    let mut rewarded = 0usize;
+    for (i, (s, r)) in samples.iter().zip(&reports).enumerate() {
+        let signals = SampleSignals::from_report(r, p_error.clone(), style[i], complexity[i]);
+        let rewards = composite(&cfg.reward, &signals);
+        if let Some(b) = &rewards {
+            reward_sum += b.total;
+            rewarded += 1;
+        }
+        let key = match (&r.outcome, &r.error_kind) {
+            (None, _) => "no signal".to_string(),
+            (Some(_), None) => "pass".to_string(),
+            (Some(_), Some(k)) => format!("{k:?}"),
+        };
+        *by_outcome.entry(key).or_insert(0) += 1;
+        let v = serde_json::json!({
+            "task_id": s.task_id,
+            "sample": i,
+            "report": r,
+            "n_pass": r.n_pass(),
+            "n_fail": r.n_fail(),
+            "rewards": rewards.as_ref().map(|b| b.to_log("")),
+        });
+        lines.push_str(&v.to_string());
+        lines.push('\n');
+    }
+    match &args.out {
+        Some(p) => {
+            falcon_rl::fsutil::write_atomic(p, lines.as_bytes())?;
+            eprintln!("wrote {}", p.display());
+        }
+        None => print!("{lines}"),
+    }
+    let n = reports.len();
+    eprintln!(
+        "{n} samples in {exec_secs:.1}s ({:.1}/s) on {} workers",
+        n as f64 / exec_secs.max(1e-9),
+        sandbox.workers()
+    );
+    eprintln!("{:<20} {:>7} {:>7}", "outcome", "samples", "share");
+    for (k, c) in &by_outcome {
+        eprintln!("{k:<20} {c:>7} {:>6.1}%", 100.0 * *c as f64 / n as f64);
+    }
+    if rewarded > 0 {
+        eprintln!(
+            "mean reward {:.3} over {rewarded} scored samples",
+            reward_sum / rewarded as f64
+        );
+    }
+    Ok(())
+}
+
 fn cmd_info() -> Result<()> {
     let cuda = cuda_status();
     println!("falcon-rl {}", env!("CARGO_PKG_VERSION"));
@@ -514,6 +712,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Config(c) => cmd_config(c),
         Cmd::Score(a) => cmd_score(a),
         Cmd::Tasks(t) => cmd_tasks(t),
+        Cmd::Exec(a) => cmd_exec(a),
     }
 }
 

@@ -154,3 +154,62 @@ fn embedded_model_generates_greedy_json_reproducibly() {
         "greedy is deterministic"
     );
 }
+
+#[test]
+fn exec_reports_outcomes_and_rewards_per_sample() {
+    let d = tmpdir();
+    let tasks = d.path().join("t.jsonl");
+    std::fs::write(
+        &tasks,
+        r#"{"id": "add", "prompt": "def add(a, b):", "entry_point": "add", "tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]}"#,
+    )
+    .unwrap();
+    let samples = d.path().join("s.jsonl");
+    std::fs::write(
+        &samples,
+        [
+            r#"{"task_id": "add", "code": "def add(a, b):\n    return a + b\n"}"#,
+            r#"{"task_id": "add", "code": "def add(a, b):\n    return a - b\n"}"#,
+            r#"{"task_id": "add", "code": "def add(a, b)\n    return a + b\n"}"#,
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let out = d.path().join("r.jsonl");
+    let o = Command::new(env!("CARGO_BIN_EXE_falcon"))
+        .args(["exec", "--tasks", tasks.to_str().unwrap(), "--samples"])
+        .arg(&samples)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("outcome"), "summary table: {}", text(&o));
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let outcome = |i: usize| rows[i]["report"]["outcome"].as_str().unwrap().to_string();
+    assert_eq!(outcome(0), "pass");
+    assert_eq!(outcome(1), "failure");
+    assert_eq!(outcome(2), "syntax_error");
+    assert_eq!(rows[0]["rewards"]["coarse"], 1.0);
+    assert_eq!(rows[1]["rewards"]["coarse"], -0.3);
+    assert_eq!(rows[2]["rewards"]["coarse"], -1.0);
+    assert_eq!(rows[1]["n_fail"], 2, "a - b fails both tests");
+    assert_eq!(rows[0]["n_pass"], 2);
+    // A sample naming an unknown task is a clear error (exit 2).
+    std::fs::write(&samples, r#"{"task_id": "nope", "code": "x = 1"}"#).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_falcon"))
+        .args(["exec", "--tasks", tasks.to_str().unwrap(), "--samples"])
+        .arg(&samples)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("s.jsonl:1") && text(&o).contains("nope"),
+        "{}",
+        text(&o)
+    );
+}

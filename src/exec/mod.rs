@@ -103,6 +103,13 @@ impl Sandbox {
             })?;
         let python = probe[0].clone();
         let mut python_roots: Vec<std::path::PathBuf> = probe[1..].to_vec();
+        // A prefix reached through a symlink (a project `.venv` linking into
+        // a cache under a hidden home) must be bound where it really lives.
+        let real: Vec<_> = python_roots
+            .iter()
+            .filter_map(|r| std::fs::canonicalize(r).ok())
+            .collect();
+        python_roots.extend(real);
         python_roots.sort();
         python_roots.dedup();
         // SAFETY: geteuid has no preconditions.
@@ -187,10 +194,16 @@ impl Sandbox {
                     .map_err(|e| format!("malformed worker reply: {e}"))
             })
         };
-        // A worker that died while idle is found when the job cannot even be
-        // written to it: the job never ran, so run it once on a fresh worker.
+        // A worker that died while idle is found when the job cannot be
+        // written to it, or (the pipe buffer took the job) when its reply
+        // ends early. The candidate runs under another uid and cannot signal
+        // the worker, so a dead worker is ours, not the sample's: run the job
+        // once more on a fresh worker. (Seen: rare SIGKILLs of idle workers
+        // under heavy load, cause not yet found.)
         let reply = match attempt() {
-            Err(e) if e.starts_with(pool::WORKER_GONE) => attempt(),
+            Err(e) if e.starts_with(pool::WORKER_GONE) || e.starts_with(pool::WORKER_DIED) => {
+                attempt()
+            }
             other => other,
         };
         match reply {

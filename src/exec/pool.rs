@@ -19,6 +19,8 @@ pub const WORKER_PY: &str = include_str!("worker.py");
 
 /// Prefix of the error for a job that could not be sent (it never ran).
 pub const WORKER_GONE: &str = "worker gone before the job was sent";
+/// Prefix of the error for a worker whose reply ended early (it died).
+pub const WORKER_DIED: &str = "worker died";
 
 /// How long a fresh worker may take to import its preloads and say ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -124,7 +126,7 @@ impl Worker {
                 std::thread::sleep(Duration::from_millis(20));
                 let status = self.child.try_wait().ok().flatten();
                 format!(
-                    "worker died ({})",
+                    "{WORKER_DIED} ({})",
                     status.map_or("still running".into(), |s| s.to_string())
                 )
             }

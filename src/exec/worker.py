@@ -250,6 +250,9 @@ def _span(f):
     return [code.co_firstlineno, max(ls) if ls else code.co_firstlineno]
 
 
+SIM_THREADS = 1100
+
+
 def _child_main(code_obj, rfd, wfd, outfd, tdir, timeout, mode, setup, test):
     try:
         os.setsid()
@@ -264,8 +267,18 @@ def _child_main(code_obj, rfd, wfd, outfd, tdir, timeout, mode, setup, test):
         for name, res in (("as", resource.RLIMIT_AS), ("fsize", resource.RLIMIT_FSIZE),
                           ("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
             # Without a uid of its own, NPROC would count the user's other processes.
+            lim = LIM[name]
+            if name == "nproc" and mode == "program":
+                # numba's CUDA simulator runs one Python thread per CUDA
+                # thread of a block (up to 1024): numba tasks need that many.
+                lim = max(lim, SIM_THREADS)
             if name != "nproc" or SETUID:
-                resource.setrlimit(res, (LIM[name], LIM[name]))
+                resource.setrlimit(res, (lim, lim))
+        if mode == "program":
+            # ...and each of those threads would reserve an 8 MiB stack of
+            # address space: 256 of them alone exceed the memory limit.
+            import threading
+            threading.stack_size(512 * 1024)
         resource.setrlimit(resource.RLIMIT_CPU, (LIM["cpu"], LIM["cpu"] + 1))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         os.chdir(tdir)
@@ -348,6 +361,8 @@ def _child_serve(code_obj, rfd, wfd, mode, setup, test):
                 res = None
             elif op == "list":
                 res = list(obj)
+            elif op == "bool":
+                res = bool(obj)
             elif op == "repr":
                 res = repr(obj) if req.get("repr") else str(obj)
             else:
@@ -510,8 +525,8 @@ def _send_value(child, x):
 
 class Remote:
     """A handle on an object living in the child. Calls, attribute and item
-    access are forwarded; equality is identity and truth value is refused, so
-    a candidate object can never make a comparison come out true."""
+    access are forwarded; equality is identity, so a candidate object can never
+    make a comparison come out true; truth value is the child's plain bool."""
 
     __slots__ = ("_c", "_id")
 
@@ -567,7 +582,13 @@ class Remote:
         return len(self._materialize())
 
     def __bool__(self):
-        raise TypeError("the truth value of a candidate-defined object is not trusted")
+        # Asked of the child, answered as a plain bool. No weaker than the
+        # candidate returning True itself: a test that only asks for truth
+        # (`assert f(x)`) accepts any truthy result by design.
+        res = self._rpc(op="bool")[1]
+        if type(res) is not bool:
+            raise TypeError("candidate object's truth value is not a bool")
+        return res
 
     def __eq__(self, other):
         return self is other
