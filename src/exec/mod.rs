@@ -101,7 +101,15 @@ impl Sandbox {
                 what: format!("a working Python at {}", python.display()),
                 hint: "`python -c 'import sys'` failed; set [exec] python".into(),
             })?;
-        let python = probe[0].clone();
+        // Run it by its real directory (symlinked directories, e.g. a `.venv`
+        // link, may point where the sandbox sees nothing), keeping the file
+        // name so a virtualenv's `bin/python` still finds its `pyvenv.cfg`.
+        let python = match (probe[0].parent(), probe[0].file_name()) {
+            (Some(dir), Some(name)) => std::fs::canonicalize(dir)
+                .map(|d| d.join(name))
+                .unwrap_or_else(|_| probe[0].clone()),
+            _ => probe[0].clone(),
+        };
         let mut python_roots: Vec<std::path::PathBuf> = probe[1..].to_vec();
         // A prefix reached through a symlink (a project `.venv` linking into
         // a cache under a hidden home) must be bound where it really lives.
