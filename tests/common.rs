@@ -30,36 +30,36 @@ pub fn python() -> PathBuf {
     p
 }
 
-/// Run a Python script from `scripts/` with args; panic with its stderr on failure.
-pub fn run_python(script: &str, args: &[&str]) -> String {
+/// Run the project's Python with `args`; panic with its output on failure.
+fn run_python_args<I, S>(what: &str, args: I) -> String
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
     let out = Command::new(python())
-        .arg(root().join("scripts").join(script))
         .args(args)
         .env("TOKENIZERS_PARALLELISM", "false")
         .output()
         .expect("python runs");
     assert!(
         out.status.success(),
-        "{script} failed:\n{}\n{}",
+        "{what} failed:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Run a snippet with the project's Python; panic with its stderr on failure.
+/// Run a Python script from `scripts/` with args; panic with its stderr on failure.
+pub fn run_python(script: &str, args: &[&str]) -> String {
+    let path = root().join("scripts").join(script);
+    let all = std::iter::once(path.into_os_string()).chain(args.iter().map(|a| a.into()));
+    run_python_args(script, all)
+}
+
+/// Run a snippet with the project's Python; panic with its output on failure.
 pub fn run_python_code(code: &str) -> String {
-    let out = Command::new(python())
-        .arg("-c")
-        .arg(code)
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "python failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    run_python_args("python -c", ["-c", code])
 }
 
 pub fn tensor_from_json(v: &serde_json::Value) -> tch::Tensor {

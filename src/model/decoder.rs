@@ -509,14 +509,14 @@ impl Decoder {
         let device = self.embed_tokens.device();
         let kind = self.embed_tokens.kind();
         let all_valid;
-        let valid = match valid {
-            Some(v) => v,
+        // Only given masks need the (host-synchronising) check for padding.
+        let (valid, dense_now) = match valid {
+            Some(v) => (v, v.all().int64_value(&[]) != 0),
             None => {
                 all_valid = Tensor::ones([b, t], (Kind::Bool, device));
-                &all_valid
+                (&all_valid, true)
             }
         };
-        let dense_now = valid.all().int64_value(&[]) != 0;
 
         let (ctx, cache) = match cache {
             Some(cache) => {
