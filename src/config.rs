@@ -602,6 +602,8 @@ pub const EXEC_DEFAULT_MAX_RESULT_MB: u64 = 16;
 /// Default first uid of the candidate processes; worker `i` uses `uid_base + i`.
 pub const EXEC_DEFAULT_UID_BASE: u32 = 61000;
 /// Modules imported once by every worker before it forks (missing ones are skipped).
+/// Share of GPU memory one numba candidate may take in `cuda = "device"` mode.
+pub const EXEC_DEFAULT_CUDA_MEMORY_FRACTION: f64 = 0.05;
 pub const EXEC_DEFAULT_PRELOAD: &[&str] = &[
     "math",
     "re",
@@ -683,6 +685,13 @@ pub struct ExecConfig {
     pub cuda: CudaMode,
     /// Modules each worker imports before forking (missing ones are skipped).
     pub preload: Vec<String>,
+    /// `cuda = "device"`: the share of the GPU's memory one candidate process
+    /// may allocate through numba; the rest stays with the trainer.
+    pub cuda_memory_fraction: f64,
+    /// Run a job's tests in one candidate process while they pass (a failing,
+    /// crashing or timed-out test gets a fresh process for the next test).
+    /// `false` forks a fresh process for every test.
+    pub reuse_child: bool,
 }
 
 impl Default for ExecConfig {
@@ -707,6 +716,8 @@ impl Default for ExecConfig {
                 .iter()
                 .map(|s| (*s).to_owned())
                 .collect(),
+            cuda_memory_fraction: EXEC_DEFAULT_CUDA_MEMORY_FRACTION,
+            reuse_child: true,
         }
     }
 }
@@ -718,6 +729,13 @@ impl Section for ExecConfig {
                 &format!("{path}.timeout_s"),
                 self.timeout_s,
                 "must be in (0, 3600] seconds",
+            );
+        }
+        if !(self.cuda_memory_fraction > 0.0 && self.cuda_memory_fraction <= 1.0) {
+            problems.push(
+                &format!("{path}.cuda_memory_fraction"),
+                self.cuda_memory_fraction,
+                "must be in (0, 1]",
             );
         }
         if self.workers > 1024 {
@@ -1197,6 +1215,18 @@ mod tests {
         assert_eq!(
             problems,
             ["generation.top_p = 1.5: must be in (0, 1] (1 = off)"]
+        );
+    }
+
+    #[test]
+    fn exec_cuda_memory_fraction_must_be_a_share() {
+        for bad in ["0.0", "1.5", "-0.1"] {
+            let problems = problems_of(&format!("[exec]\ncuda_memory_fraction = {bad}\n"));
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert!(problems[0].starts_with("exec.cuda_memory_fraction = "));
+        }
+        assert!(
+            problems_of("[exec]\ncuda_memory_fraction = 1.0\nreuse_child = false\n").is_empty()
         );
     }
 

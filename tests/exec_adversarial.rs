@@ -456,3 +456,99 @@ fn run_batch_keeps_order() {
         assert_eq!(r.outcome, want, "{i}: {r:?}");
     }
 }
+
+/// A counter the candidate keeps in a global shows which tests shared a
+/// process: with `reuse_child` (the default) passing tests share one and a
+/// failing test's successor starts fresh; without it every test starts fresh.
+#[test]
+fn tests_share_a_process_only_while_they_pass() {
+    let code = "n = 0\ndef f():\n    global n\n    n += 1\n    print('call', n)\n    return n\n";
+    let t = Task {
+        entry_point: "f".into(),
+        ..task(&[
+            "assert f() == 1",
+            "assert f() == 2",
+            "assert f() == 99",
+            "assert f() == 1",
+        ])
+    };
+    let status = |r: &ExecReport| -> Vec<bool> {
+        r.tests
+            .iter()
+            .map(|t| t.status == TestStatus::Pass)
+            .collect()
+    };
+    let reuse = sandbox(62160);
+    let r = reuse.run(&t, code);
+    assert_contained(&reuse, 62160, &r, "reuse_child = true");
+    assert_eq!(status(&r), [true, true, false, true], "{r:?}");
+    // Output of every process of the job is kept, in order.
+    let calls: Vec<&str> = r.output_tail.lines().collect();
+    assert_eq!(calls, ["call 1", "call 2", "call 3", "call 1"], "{r:?}");
+
+    let cfg = ExecConfig {
+        workers: 1,
+        uid_base: 62170,
+        timeout_s: 1.0,
+        memory_mb: 512,
+        reuse_child: false,
+        ..ExecConfig::default()
+    };
+    let fresh = Sandbox::new(&cfg).unwrap();
+    let r = fresh.run(&t, code);
+    assert_contained(&fresh, 62170, &r, "reuse_child = false");
+    assert_eq!(status(&r), [true, false, false, true], "{r:?}");
+}
+
+/// A timed-out test's successor gets a fresh process and its own full time
+/// budget, also when earlier tests shared a process.
+#[test]
+fn reused_process_gets_a_fresh_time_budget_per_test() {
+    let sb = sandbox(62180);
+    let code = "import time\ndef f(s):\n    time.sleep(s)\n    return s\n";
+    let t = task(&[
+        "assert f(0.6) == 0.6",
+        "assert f(0.6) == 0.6",
+        "assert f(5) == 5",
+        "assert f(0.6) == 0.6",
+    ]);
+    let r = sb.run(&t, code);
+    assert_contained(&sb, 62180, &r, "sleeps");
+    let kinds: Vec<Option<ErrorKind>> = r
+        .tests
+        .iter()
+        .map(|t| match &t.status {
+            TestStatus::Error { kind, .. } => Some(*kind),
+            TestStatus::Fail => Some(ErrorKind::WrongAnswer),
+            TestStatus::Pass => None,
+        })
+        .collect();
+    assert_eq!(kinds, [None, None, Some(ErrorKind::Timeout), None], "{r:?}");
+}
+
+/// `isolation = "none"` (no namespaces; warns once) still runs jobs in
+/// forked children with rlimits and reports per-test results.
+#[test]
+fn isolation_none_runs_jobs_with_rlimits() {
+    let cfg = ExecConfig {
+        workers: 1,
+        uid_base: 62190,
+        timeout_s: 1.0,
+        memory_mb: 512,
+        isolation: falcon_rl::config::Isolation::None,
+        ..ExecConfig::default()
+    };
+    let sb = Sandbox::new(&cfg).unwrap_or_else(|e| panic!("sandbox: {e}"));
+    let ok = sb.run(&add_task(), ADD);
+    assert_eq!(ok.outcome, Some(RewardClass::Pass), "{ok:?}");
+    let wrong = sb.run(&add_task(), "def f(a, b):\n    return a - b\n");
+    assert_eq!(wrong.error_kind, Some(ErrorKind::WrongAnswer), "{wrong:?}");
+    let bomb = sb.run(
+        &add_task(),
+        "def f(a, b):\n    x = bytearray(4 << 30)\n    return a + b\n",
+    );
+    assert_eq!(bomb.error_kind, Some(ErrorKind::MemoryError), "{bomb:?}");
+    let slow = sb.run(&add_task(), "def f(a, b):\n    while True:\n        pass\n");
+    assert_eq!(slow.error_kind, Some(ErrorKind::Timeout), "{slow:?}");
+    assert!(procs_of_uid(62190).is_empty(), "{:?}", procs_of_uid(62190));
+}

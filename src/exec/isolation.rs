@@ -35,6 +35,13 @@ pub struct WorkerLimits {
     pub preload: Vec<String>,
     /// Pin the worker to CPU number `pin` modulo the CPUs it may use.
     pub pin: Option<usize>,
+    /// numba kernels run on the GPU: cap their allocations and limit the
+    /// data segment instead of the address space (a CUDA context reserves
+    /// far more virtual memory than any sane RLIMIT_AS).
+    pub cuda_device: bool,
+    pub cuda_memory_fraction: f64,
+    /// Keep a job's candidate process across passing tests.
+    pub reuse_child: bool,
 }
 
 /// The CUDA mode after resolving `auto` against this host.
@@ -91,6 +98,9 @@ pub fn worker_limits(cfg: &ExecConfig, slot: usize, jobdir: &str, root: bool) ->
         cpu,
         preload: cfg.preload.clone(),
         pin: Some(slot),
+        cuda_device: resolve_cuda(cfg.cuda) == CudaMode::Device,
+        cuda_memory_fraction: cfg.cuda_memory_fraction,
+        reuse_child: cfg.reuse_child,
     }
 }
 

@@ -253,7 +253,7 @@ def _span(f):
 SIM_THREADS = 1100
 
 
-def _child_main(code_obj, rfd, wfd, outfd, tdir, timeout, mode, setup, test):
+def _child_main(code_obj, rfd, wfd, outfd, tdir, timeout, mode, setup, test, ntests):
     try:
         os.setsid()
         os.dup2(NULL, 0)
@@ -264,7 +264,11 @@ def _child_main(code_obj, rfd, wfd, outfd, tdir, timeout, mode, setup, test):
         os.closerange(5, 1 << 16)
         rfd, wfd = 3, 4
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        for name, res in (("as", resource.RLIMIT_AS), ("fsize", resource.RLIMIT_FSIZE),
+        on_gpu = mode == "program" and LIM.get("cuda_device")
+        # A CUDA context reserves tens of GiB of (PROT_NONE) address space:
+        # on the GPU, the memory limit applies to the data segment instead.
+        as_res = resource.RLIMIT_DATA if on_gpu else resource.RLIMIT_AS
+        for name, res in (("as", as_res), ("fsize", resource.RLIMIT_FSIZE),
                           ("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
             # Without a uid of its own, NPROC would count the user's other processes.
             lim = LIM[name]
@@ -279,7 +283,9 @@ def _child_main(code_obj, rfd, wfd, outfd, tdir, timeout, mode, setup, test):
             # address space: 256 of them alone exceed the memory limit.
             import threading
             threading.stack_size(512 * 1024)
-        resource.setrlimit(resource.RLIMIT_CPU, (LIM["cpu"], LIM["cpu"] + 1))
+        # The soft limit is re-armed per test when the process serves several
+        # (`reuse_child`); the hard limit bounds the whole job.
+        resource.setrlimit(resource.RLIMIT_CPU, (LIM["cpu"], LIM["cpu"] * max(1, ntests) + 1))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         os.chdir(tdir)
         if SETUID:
@@ -315,6 +321,8 @@ def _child_serve(code_obj, rfd, wfd, mode, setup, test):
         return refs[i]
 
     try:
+        if mode == "program" and LIM.get("cuda_device"):
+            _cap_cuda_memory(float(LIM.get("cuda_memory_fraction", 0.05)))
         exec(code_obj, g)
         if mode == "program":
             if setup:
@@ -340,8 +348,17 @@ def _child_serve(code_obj, rfd, wfd, mode, setup, test):
             return
         try:
             op = req["op"]
-            obj = deref(req["obj"])
             reply = {}
+            if op == "rearm":
+                # The next test of a reused process: a fresh time budget.
+                signal.setitimer(signal.ITIMER_REAL, float(req["t"]))
+                ru = resource.getrusage(resource.RUSAGE_SELF)
+                _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+                soft = int(ru.ru_utime + ru.ru_stime) + LIM["cpu"]
+                resource.setrlimit(resource.RLIMIT_CPU, (min(soft, hard), hard))
+                send(wfd, {"ok": None})
+                continue
+            obj = deref(req["obj"])
             if op == "call":
                 args = [decode(a, deref) for a in req["args"]]
                 kwargs = {k: decode(a, deref) for k, a in req["kwargs"]}
@@ -371,6 +388,35 @@ def _child_serve(code_obj, rfd, wfd, mode, setup, test):
         except BaseException as e:
             reply = {"exc": _exc_info(e)}
         send(wfd, reply)
+
+
+def _cap_cuda_memory(fraction):
+    """Make numba refuse device allocations past `fraction` of the GPU's
+    memory, so candidates leave the rest to the trainer. Cooperative: code
+    that calls the CUDA driver itself bypasses it (docs/sandbox.md)."""
+    from numba import cuda
+    from numba.cuda.cudadrv import driver as drv
+
+    class CappedMemoryManager(drv.NumbaCUDAMemoryManager):
+        def initialize(self):
+            super().initialize()
+            self._cap = int(self.get_memory_info().total * fraction)
+
+        def _admit(self, size):
+            live = sum(getattr(m, "size", 0) for m in list(self.allocations.values()))
+            if live + size > getattr(self, "_cap", 0):
+                raise MemoryError("CUDA allocation of %d bytes exceeds the sandbox's share of GPU memory "
+                                  "(%d of %d bytes already in use)" % (size, live, self._cap))
+
+        def memalloc(self, size):
+            self._admit(size)
+            return super().memalloc(size)
+
+        def memallocmanaged(self, size, attach_global):
+            self._admit(size)
+            return super().memallocmanaged(size, attach_global)
+
+    cuda.set_memory_manager(CappedMemoryManager)
 
 
 # ------------------------------------------------------- trusted side
@@ -419,12 +465,12 @@ def _candidate_exception(info):
 
 
 class Child:
-    def __init__(self, code_obj, tdir, outfd, timeout, mode, setup, test):
+    def __init__(self, code_obj, tdir, outfd, timeout, mode, setup, test, ntests):
         r1, w1 = os.pipe()  # trusted -> child
         r2, w2 = os.pipe()  # child -> trusted
         pid = os.fork()
         if pid == 0:
-            _child_main(code_obj, r1, w2, outfd, tdir, timeout, mode, setup, test)
+            _child_main(code_obj, r1, w2, outfd, tdir, timeout, mode, setup, test, ntests)
             os._exit(72)
         os.close(r1)
         os.close(w2)
@@ -728,11 +774,7 @@ def _rmtree(path):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def run_test(job, code_obj, i, outpath):
-    timeout = float(job["timeout"])
-    mode = job["mode"]
-    setup = job.get("setup") or ""
-    test = job["tests"][i]
+def _fresh_tdir():
     tdir = os.path.join(JOBDIR, "t")
     # Reuse the test directory when the last candidate left it empty and
     # unchanged; otherwise start from a fresh one.
@@ -746,28 +788,59 @@ def run_test(job, code_obj, i, outpath):
         os.mkdir(tdir, 0o700)
         if SETUID:
             os.chown(tdir, UID, UID)
-    outfd = os.open(outpath, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    t0 = time.perf_counter()
-    child = None
+    return tdir
+
+
+def _end_child(st, outpath):
+    """Kill the job's candidate process (and anything it left), and keep the
+    tail of what it printed."""
+    child = st.pop("child", None)
+    if child is not None:
+        child.kill()
+    _reap()
+    if child is not None:
+        child.refs.clear()
+        st["out"] = (st.get("out", b"") + _tail(outpath, OUT_CAP))[-OUT_CAP:]
+
+
+def run_test(job, code_obj, i, outpath, st):
+    """Run test `i`. `st` carries the candidate process between the tests of
+    a job: it is kept only after a pass (with `reuse_child`), so a test that
+    failed, crashed or timed out never shares a process with the next one."""
+    timeout = float(job["timeout"])
+    mode = job["mode"]
+    setup = job.get("setup") or ""
+    test = job["tests"][i]
+    child = st.get("child")
+    outfd = None
+    keep = False
     try:
         signal.setitimer(signal.ITIMER_REAL, timeout + GRACE)
-        child = Child(code_obj, tdir, outfd, timeout, mode, setup, test)
-        os.close(outfd)
-        outfd = None
-        msg = child.recv()
-        if "exc" in msg:
-            e = _candidate_exception(msg["exc"] if type(msg["exc"]) is dict else {})
-            if mode == "program" and e.kind == "AssertionError" and msg["exc"].get("in_test") is True:
-                return _result("fail", "WrongAnswer", e.args[0] if e.args else "", e.lines)
-            return _result("error", e.kind, e.args[0] if e.args else "", e.lines)
-        if mode == "program":
-            if msg.get("done") is True:
-                return _result("pass")
-            raise ChildGone("Other", "invalid answer from candidate process")
-        ns = _namespace(child, msg.get("ns"))
+        if child is None:
+            tdir = _fresh_tdir()
+            outfd = os.open(outpath, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            child = Child(code_obj, tdir, outfd, timeout, mode, setup, test, len(job["tests"]))
+            st["child"] = child
+            os.close(outfd)
+            outfd = None
+            msg = child.recv()
+            if "exc" in msg:
+                e = _candidate_exception(msg["exc"] if type(msg["exc"]) is dict else {})
+                if mode == "program" and e.kind == "AssertionError" and msg["exc"].get("in_test") is True:
+                    return _result("fail", "WrongAnswer", e.args[0] if e.args else "", e.lines)
+                return _result("error", e.kind, e.args[0] if e.args else "", e.lines)
+            if mode == "program":
+                if msg.get("done") is True:
+                    return _result("pass")
+                raise ChildGone("Other", "invalid answer from candidate process")
+            st["listing"] = msg.get("ns")
+        else:
+            child.rpc({"op": "rearm", "t": timeout})
+        ns = _namespace(child, st.get("listing"))
         if setup:
             exec(_compile_cached(setup, "<setup>"), ns)
         exec(_compile_cached(test, "<test>"), ns)
+        keep = bool(LIM.get("reuse_child"))
         return _result("pass")
     except Deadline:
         if child is not None:
@@ -789,11 +862,8 @@ def run_test(job, code_obj, i, outpath):
         signal.setitimer(signal.ITIMER_REAL, 0)
         if outfd is not None:
             os.close(outfd)
-        if child is not None:
-            child.kill()
-        _reap()
-        if child is not None:
-            child.refs.clear()
+        if not keep:
+            _end_child(st, outpath)
 
 
 def _tail(path, cap):
@@ -823,17 +893,20 @@ def run_job(job):
         r = _result("error", "RecursionError", "the code nests too deeply to compile")
         return {"tests": [dict(r) for _ in tests], "output": "", "seconds": time.perf_counter() - t0}
     results = []
-    out = b""
     outpath = os.path.join(JOBDIR, "out")
-    for i in range(len(tests)):
-        ts = time.perf_counter()
-        try:
-            r = run_test(job, code_obj, i, outpath)
-        except Harness as e:
-            return {"no_signal": "test %d: %s" % (i, e)}
-        r["seconds"] = time.perf_counter() - ts
-        results.append(r)
-        out = (out + _tail(outpath, OUT_CAP))[-OUT_CAP:]
+    st = {}
+    try:
+        for i in range(len(tests)):
+            ts = time.perf_counter()
+            try:
+                r = run_test(job, code_obj, i, outpath, st)
+            except Harness as e:
+                return {"no_signal": "test %d: %s" % (i, e)}
+            r["seconds"] = time.perf_counter() - ts
+            results.append(r)
+    finally:
+        _end_child(st, outpath)
+    out = st.get("out", b"")
     try:
         os.unlink(outpath)
     except OSError:
