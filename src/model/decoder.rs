@@ -359,6 +359,9 @@ pub enum LogitsFor {
     All,
     /// Only the last position of each row (generation steps).
     Last,
+    /// No logits: the final normalised hidden states `[B, T, H]` of every
+    /// position (embeddings of the policy).
+    Hidden,
 }
 
 impl Decoder {
@@ -493,7 +496,7 @@ impl Decoder {
     /// Run the decoder on `input_ids` `[B, T]` (i64). `valid` `[B, T]` (bool)
     /// marks real tokens; `None` means all are real. With a cache, the new keys
     /// and values are appended to it and attention sees everything cached.
-    /// Returns logits `[B, T, V]` (or `[B, 1, V]` for [`LogitsFor::Last`]) in
+    /// Returns logits `[B, T, V]` (or `[B, 1, V]` for [`LogitsFor::Last`]; hidden states `[B, T, H]` for [`LogitsFor::Hidden`]) in
     /// the model's dtype.
     pub fn forward(
         &self,
@@ -611,10 +614,13 @@ impl Decoder {
             }
         }
         let h = match logits_for {
-            LogitsFor::All => h,
+            LogitsFor::All | LogitsFor::Hidden => h,
             LogitsFor::Last => h.narrow(1, t - 1, 1),
         };
         let h = rms_norm(&h, &self.norm, eps);
+        if logits_for == LogitsFor::Hidden {
+            return Ok(h);
+        }
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
         // `W · hᵀ` rather than `h · Wᵀ`: for the few rows of a decode step the
         // BLAS kernels run this orientation of the vocab projection (the

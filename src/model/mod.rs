@@ -14,6 +14,7 @@ pub mod gguf;
 pub mod hub;
 pub mod llama;
 pub mod lora;
+pub mod openai;
 pub mod qwen2;
 pub mod sampling;
 pub mod tokenizer;
@@ -21,7 +22,7 @@ pub mod weights;
 
 mod error;
 
-pub use decoder::{Decoder, DecoderConfig, KvCache};
+pub use decoder::{Decoder, DecoderConfig, KvCache, LogitsFor};
 pub use error::ModelError;
 pub use generate::{Completion, FinishReason, GenerationParams, Generator, Policy};
 pub use tokenizer::{ChatMessage, TextTokenizer};
