@@ -106,6 +106,9 @@ sections! {
     exec: ExecConfig,
     /// `[reward]`: FALCON §4.4 reward terms, weights, modes and judges.
     reward: RewardConfig,
+    /// `[memory]`: long/short-term memory, error statistics, MEMCoder and
+    /// MemoCoder settings.
+    memory: MemoryConfig,
 }
 
 impl RunConfig {
@@ -1372,5 +1375,158 @@ mod tests {
     fn default_toml_matches_built_in_defaults() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/default.toml");
         assert_eq!(RunConfig::load(&path).unwrap(), RunConfig::default());
+    }
+}
+
+// ------------------------------------------------------------------ memory
+
+/// Which embedder turns texts into memory vectors (see `memory::embed`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EmbedderKind {
+    /// all-MiniLM-L6-v2 (384-d), installed by scripts/setup.
+    #[default]
+    Minilm,
+    /// Mean-pooled hidden states of the policy.
+    Policy,
+    /// Hashed n-grams; no model (tests, tiny runs).
+    Hash,
+}
+
+/// Which vector index serves long-term retrieval.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IndexKind {
+    /// Exact inner product on the training device.
+    #[default]
+    Exact,
+    /// FAISS from `faiss_factory` (needs the `faiss` feature, on by default).
+    Faiss,
+}
+
+/// Who writes MEMCoder's guidelines and MemoCoder's mentor suggestions.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum ReflectorConfig {
+    /// The policy itself.
+    #[default]
+    Policy,
+    /// An OpenAI-compatible server (vLLM, TGI, ...).
+    Openai(crate::model::openai::OpenAiConfig),
+}
+
+/// `[memory]`: see docs/memory.md.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemoryConfig {
+    pub embedder: EmbedderKind,
+    /// Dimension of the `hash` embedder.
+    pub hash_dim: usize,
+    /// The MiniLM model directory; empty = where scripts/setup puts it.
+    pub minilm_dir: String,
+    pub index: IndexKind,
+    /// FAISS index factory string (inner-product metric).
+    pub faiss_factory: String,
+    /// IVF lists searched per query.
+    pub nprobe: usize,
+    /// Vectors collected before an IVF index is trained (exact until then).
+    pub faiss_train_size: usize,
+    /// Past entries retrieved into FALCON's Table 7 prompt.
+    pub top_k: usize,
+    /// Samples the short-term ring buffer holds.
+    pub short_term_capacity: usize,
+    /// Tokens per short-term sample (longer ones are cut).
+    pub short_term_max_len: usize,
+    /// How much history `P_error` covers.
+    pub p_error: crate::memory::stats::StatsMode,
+    /// MEMCoder: `K_doc` documentation APIs retrieved per task.
+    pub k_doc: usize,
+    /// MEMCoder: `K_task` similar past tasks whose APIs join the candidates.
+    pub k_task: usize,
+    /// MEMCoder: the library documentation (JSON / JSONL of API entries).
+    pub api_docs: Option<PathBuf>,
+    /// `[memory.memcoder]`: Eq. 5 weights and retrieval sizes.
+    pub memcoder: crate::memory::memcoder::MemCoderParams,
+    /// `[memory.fixes]`: MemoCoder's fixing knowledge and mentor.
+    pub fixes: crate::memory::fixes::FixesConfig,
+    /// `[memory.reflector]`: `kind = "policy"` or `kind = "openai"` with
+    /// `base_url`, `model`, `api_key_env`.
+    pub reflector: ReflectorConfig,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        MemoryConfig {
+            embedder: EmbedderKind::Minilm,
+            hash_dim: 384,
+            minilm_dir: String::new(),
+            index: IndexKind::Exact,
+            faiss_factory: "IVF1024,Flat".into(),
+            nprobe: 16,
+            faiss_train_size: 50_000,
+            top_k: 3,
+            short_term_capacity: 1024,
+            short_term_max_len: 1024,
+            p_error: crate::memory::stats::StatsMode::All,
+            // MEMCoder §V-F: top-5 documentation APIs; K_task is not stated.
+            k_doc: 5,
+            k_task: 3,
+            api_docs: None,
+            memcoder: Default::default(),
+            fixes: Default::default(),
+            reflector: ReflectorConfig::Policy,
+        }
+    }
+}
+
+impl Section for MemoryConfig {
+    fn validate_into(&self, path: &str, problems: &mut Problems) {
+        for (key, value, min) in [
+            ("hash_dim", self.hash_dim, 1),
+            ("nprobe", self.nprobe, 1),
+            ("faiss_train_size", self.faiss_train_size, 1),
+            ("short_term_capacity", self.short_term_capacity, 1),
+            ("short_term_max_len", self.short_term_max_len, 1),
+        ] {
+            if value < min {
+                problems.push(
+                    &format!("{path}.{key}"),
+                    value,
+                    &format!("must be >= {min}"),
+                );
+            }
+        }
+        if self.faiss_factory.trim().is_empty() {
+            problems.push(
+                &format!("{path}.faiss_factory"),
+                &self.faiss_factory,
+                "must be a FAISS index factory string such as \"IVF1024,Flat\" or \"HNSW32,Flat\"",
+            );
+        }
+        if self.index == IndexKind::Faiss && !cfg!(feature = "faiss") {
+            problems.push(
+                &format!("{path}.index"),
+                "faiss",
+                "this build has no FAISS (feature `faiss`); use \"exact\"",
+            );
+        }
+        if let Err(e) = self.p_error.validate() {
+            problems.push(&format!("{path}.p_error"), self.p_error, &e.to_string());
+        }
+        if let Err(e) = self.memcoder.validate() {
+            problems.push(&format!("{path}.memcoder"), "", &e.to_string());
+        }
+        if let Err(e) = self.fixes.validate() {
+            problems.push(&format!("{path}.fixes"), "", &e.to_string());
+        }
+        if let ReflectorConfig::Openai(o) = &self.reflector {
+            if o.base_url.trim().is_empty() || o.model.trim().is_empty() {
+                problems.push(
+                    &format!("{path}.reflector"),
+                    &o.base_url,
+                    "kind = \"openai\" needs base_url and model",
+                );
+            }
+        }
     }
 }

@@ -8,6 +8,7 @@
 pub mod config;
 pub mod exec;
 pub mod fsutil;
+pub mod memory;
 pub mod model;
 pub mod reward;
 pub mod task;

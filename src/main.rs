@@ -56,6 +56,46 @@ enum Cmd {
     Tasks(TasksCmd),
     /// Run code samples against their tasks in the sandbox and score them.
     Exec(ExecArgs),
+    /// Inspect, query, export or import a run's memory database.
+    #[command(subcommand)]
+    Memory(MemoryCmd),
+}
+
+#[derive(Subcommand)]
+enum MemoryCmd {
+    /// Entries by kind, vector spaces, P_error and mentor versions.
+    Stats { run_dir: PathBuf },
+    /// What would be retrieved for a text, and why (scores).
+    Query {
+        run_dir: PathBuf,
+        /// The task text (long-term), error message (fixes) or API name (api).
+        #[arg(long)]
+        text: String,
+        /// long-term, fixes or api.
+        #[arg(long, default_value = "long-term")]
+        what: String,
+        /// How many results (default: [memory] top_k, or fixes.top_k).
+        #[arg(long)]
+        k: Option<usize>,
+        /// Run config whose [memory] section applies (embedder, index).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Also print FALCON's Table 7 prompt built from the long-term hits.
+        #[arg(long)]
+        prompt: bool,
+    },
+    /// Write the whole memory as JSONL (atomically).
+    Export {
+        run_dir: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Read a JSONL export into the run's memory (all or nothing).
+    Import {
+        run_dir: PathBuf,
+        #[arg(long = "in")]
+        input: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -713,6 +753,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Score(a) => cmd_score(a),
         Cmd::Tasks(t) => cmd_tasks(t),
         Cmd::Exec(a) => cmd_exec(a),
+        Cmd::Memory(c) => cmd_memory(c),
     }
 }
 
@@ -727,6 +768,188 @@ fn main() -> ExitCode {
             } else {
                 ExitCode::from(1)
             }
+        }
+    }
+}
+
+fn cmd_memory(cmd: MemoryCmd) -> Result<()> {
+    use falcon_rl::memory::fixes::{
+        FixEntry, FixKnowledge, Mentor, FIX_RECORD_KIND, MENTOR_RECORD_KEY, MENTOR_RECORD_KIND,
+    };
+    use falcon_rl::memory::memcoder::MemCoderMemory;
+    use falcon_rl::memory::stats::ErrorStats;
+    use falcon_rl::memory::{
+        embedder_from_config, index_from_config, long_term, LongTerm, MemoryStore,
+    };
+
+    // Reading commands must not create a database where there was none.
+    let existing = |dir: &Path| -> Result<MemoryStore> {
+        let db = dir.join(falcon_rl::memory::store::DB_FILE);
+        if !db.is_file() {
+            return Err(UsageError(format!("{}: no memory database here", db.display())).into());
+        }
+        Ok(MemoryStore::open(dir)?)
+    };
+    match cmd {
+        MemoryCmd::Stats { run_dir } => {
+            let store = existing(&run_dir)?;
+            println!("{}", store.path().display());
+            for (kind, n) in store.counts()? {
+                println!("  {kind:<24} {n}");
+            }
+            for (name, n) in store.embedders()? {
+                println!("  vector space {name:<12} {n} long-term entries");
+            }
+            if let Some(stats) = store.get_record::<ErrorStats>("stats", "error")? {
+                println!(
+                    "  P_error over {} samples ({:?}):",
+                    stats.samples(),
+                    stats.mode()
+                );
+                for (kind, p) in stats.p_error() {
+                    println!("    {kind:?}: {p:.3}");
+                }
+            }
+            if let Some(m) = store.get_record::<Mentor>(MENTOR_RECORD_KIND, MENTOR_RECORD_KEY)? {
+                for c in [
+                    falcon_rl::exec::MemoCoderClass::CompileError,
+                    falcon_rl::exec::MemoCoderClass::Exception,
+                    falcon_rl::exec::MemoCoderClass::AssertionFailure,
+                    falcon_rl::exec::MemoCoderClass::Timeout,
+                ] {
+                    let s = m.class(c);
+                    println!(
+                        "  mentor {c:?}: version {}, {} suggestions, {} new fixes pending",
+                        s.version,
+                        s.suggestions.len(),
+                        s.pending.len()
+                    );
+                }
+            }
+            Ok(())
+        }
+        MemoryCmd::Query {
+            run_dir,
+            text,
+            what,
+            k,
+            config,
+            prompt,
+        } => {
+            let cfg = match &config {
+                Some(f) => {
+                    let c = RunConfig::from_file(f).map_err(|e| UsageError(e.to_string()))?;
+                    c.validate().map_err(|e| UsageError(e.to_string()))?;
+                    c
+                }
+                None => RunConfig::default(),
+            };
+            let store = existing(&run_dir)?;
+            match what.as_str() {
+                "long-term" => {
+                    let k = k.unwrap_or(cfg.memory.top_k);
+                    let device = tch::Device::Cpu;
+                    let embedder = embedder_from_config(&cfg.memory, device)?;
+                    let index = index_from_config(&cfg.memory, embedder.dim(), device)?;
+                    let spaces = store.embedders()?;
+                    if !spaces.contains_key(&embedder.name()) {
+                        bail!(
+                            "no long-term entries embedded by {} (vector spaces here: {:?}); pass --config with the run's [memory] embedder",
+                            embedder.name(),
+                            spaces
+                        );
+                    }
+                    let mut lt = LongTerm::with_store(store, embedder.as_ref(), index)?;
+                    let hits = lt.retrieve(embedder.as_ref(), &[text.as_str()], k)?;
+                    let hits = hits.into_iter().next().unwrap_or_default();
+                    println!(
+                        "{} of {} entries, {}",
+                        hits.len(),
+                        lt.index().len(),
+                        lt.index().describe()
+                    );
+                    for h in &hits {
+                        let r = &h.record;
+                        println!(
+                            "  cos {:.4}  id {}  step {}  task {}  outcome {:?}\n    {}",
+                            h.score,
+                            r.id,
+                            r.step,
+                            r.task_id,
+                            r.report.outcome,
+                            r.feedback.lines().next().unwrap_or("")
+                        );
+                    }
+                    if prompt {
+                        println!("\n{}", long_term::table7_prompt(&text, &hits));
+                    }
+                }
+                "fixes" => {
+                    let k = k.unwrap_or(cfg.memory.fixes.top_k);
+                    let fk =
+                        FixKnowledge::from_records(store.records::<FixEntry>(FIX_RECORD_KIND)?)?;
+                    let hits = fk.retrieve(&text, k);
+                    println!(
+                        "{} of {} fixes share words with the query",
+                        hits.len(),
+                        fk.len()
+                    );
+                    for h in hits {
+                        println!(
+                            "  {} words in a row  fix {}  {:?}: {}",
+                            h.score,
+                            h.id,
+                            h.entry.error_kind,
+                            h.entry.error_message.lines().next().unwrap_or("")
+                        );
+                    }
+                }
+                "api" => {
+                    let Some(mem) = store.get_record::<MemCoderMemory>("memcoder", "state")? else {
+                        bail!("this run has no MEMCoder memory");
+                    };
+                    let Some(api) = mem.api(&text) else {
+                        bail!("no API entry named {text:?}");
+                    };
+                    println!(
+                        "{}{}\n  {}",
+                        api.name, api.doc.signature, api.doc.description
+                    );
+                    println!("  {} snippets, guidelines by weight:", api.snippets.len());
+                    for g in api.top_guidelines(usize::MAX) {
+                        println!("    [{}] w={:.2}  {}", g.id, g.weight, g.text);
+                    }
+                }
+                other => {
+                    return Err(
+                        UsageError(format!("--what {other}: use long-term, fixes or api")).into(),
+                    )
+                }
+            }
+            Ok(())
+        }
+        MemoryCmd::Export { run_dir, out } => {
+            let store = existing(&run_dir)?;
+            let n = falcon_rl::fsutil::write_atomic_with(&out, |w, _| -> Result<u64> {
+                Ok(store.export_jsonl(w)?)
+            })?;
+            println!("wrote {n} lines to {}", out.display());
+            Ok(())
+        }
+        MemoryCmd::Import { run_dir, input } => {
+            let f = std::fs::File::open(&input)
+                .with_context(|| format!("reading {}", input.display()))?;
+            let mut store = MemoryStore::open(&run_dir)?;
+            let sum = store
+                .import_jsonl(std::io::BufReader::new(f))
+                .map_err(|e| UsageError(format!("{}: {e}", input.display())))?;
+            println!(
+                "imported {} long-term entries and {} records into {}",
+                sum.long_term,
+                sum.records,
+                store.path().display()
+            );
+            Ok(())
         }
     }
 }

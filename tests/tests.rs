@@ -8,6 +8,7 @@ mod common;
 mod exec_adversarial;
 mod exec_reference;
 mod gguf_smollm2;
+mod memory;
 mod model_io;
 mod model_parity;
 mod python_roundtrip;

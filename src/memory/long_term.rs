@@ -1,0 +1,275 @@
+//! FALCON's long-term memory (§4.3): entries of (task, code, execution
+//! report, reward terms, step) embedded from (task, feedback), kept in the
+//! store and a vector index; retrieval by the current task's embedding,
+//! top-k by cosine similarity; and the Table 7 prompt built from what comes
+//! back.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::embed::Embedder;
+use super::index::VectorIndex;
+use super::memcoder::feedback_text;
+use super::store::{LongTermRecord, MemoryStore, NewLongTerm};
+use super::MemoryError;
+use crate::exec::{ExecReport, TestStatus};
+
+/// One finished sample to remember.
+#[derive(Debug, Clone)]
+pub struct Experience {
+    pub step: u64,
+    pub task_id: String,
+    pub task_text: String,
+    pub code: String,
+    pub report: ExecReport,
+    /// Reward terms by name (`coarse`, `error`, `style`, `complexity`, ...).
+    pub rewards: BTreeMap<String, f64>,
+}
+
+/// A retrieved entry and its cosine similarity to the query.
+#[derive(Debug, Clone)]
+pub struct Retrieved {
+    pub score: f32,
+    pub record: LongTermRecord,
+}
+
+/// Long-term memory over one store and one index. The embedder is passed to
+/// each call (the policy embedder borrows the policy); its name must match
+/// the one the memory was opened with.
+pub struct LongTerm {
+    store: MemoryStore,
+    index: Box<dyn VectorIndex>,
+    embedder: String,
+}
+
+impl LongTerm {
+    /// Open (or create) the store in `run_dir` and rebuild `index` from
+    /// every entry embedded by `embedder`. Entries of other embedders stay in
+    /// the store but are not searchable until re-embedded.
+    pub fn open(
+        run_dir: &Path,
+        embedder: &dyn Embedder,
+        index: Box<dyn VectorIndex>,
+    ) -> Result<Self, MemoryError> {
+        let store = MemoryStore::open(run_dir)?;
+        Self::with_store(store, embedder, index)
+    }
+
+    /// Like [`LongTerm::open`] on an already open store.
+    pub fn with_store(
+        store: MemoryStore,
+        embedder: &dyn Embedder,
+        mut index: Box<dyn VectorIndex>,
+    ) -> Result<Self, MemoryError> {
+        if index.dim() != embedder.dim() {
+            return Err(MemoryError::Invalid(format!(
+                "index dimension {} does not match embedder {} ({})",
+                index.dim(),
+                embedder.name(),
+                embedder.dim()
+            )));
+        }
+        let name = embedder.name();
+        let (ids, flat, dim) = store.load_embeddings(&name)?;
+        if !ids.is_empty() {
+            if dim != embedder.dim() {
+                return Err(MemoryError::Invalid(format!(
+                    "stored {name} embeddings have dimension {dim}, the embedder {}",
+                    embedder.dim()
+                )));
+            }
+            let t = tch::Tensor::from_slice(&flat).view([ids.len() as i64, dim as i64]);
+            index.add(&ids, &t)?;
+        }
+        Ok(LongTerm {
+            store,
+            index,
+            embedder: name,
+        })
+    }
+
+    pub fn store(&self) -> &MemoryStore {
+        &self.store
+    }
+
+    pub fn store_mut(&mut self) -> &mut MemoryStore {
+        &mut self.store
+    }
+
+    pub fn index(&self) -> &dyn VectorIndex {
+        self.index.as_ref()
+    }
+
+    fn check(&self, embedder: &dyn Embedder) -> Result<(), MemoryError> {
+        if embedder.name() != self.embedder {
+            return Err(MemoryError::Invalid(format!(
+                "long-term memory was opened with embedder {}, called with {}",
+                self.embedder,
+                embedder.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The text an entry is embedded from: φ(t_i, f_i).
+    pub fn key_text(task_text: &str, feedback: &str) -> String {
+        format!("{task_text}\n{feedback}")
+    }
+
+    /// Embed, store (one transaction) and index a batch; returns the ids.
+    pub fn insert(
+        &mut self,
+        embedder: &dyn Embedder,
+        batch: &[Experience],
+    ) -> Result<Vec<i64>, MemoryError> {
+        self.check(embedder)?;
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let feedback: Vec<String> = batch.iter().map(|e| feedback_text(&e.report)).collect();
+        let keys: Vec<String> = batch
+            .iter()
+            .zip(&feedback)
+            .map(|(e, f)| Self::key_text(&e.task_text, f))
+            .collect();
+        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let vectors = embedder.embed(&key_refs)?;
+        let flat: Vec<f32> = Vec::try_from(vectors.to_device(tch::Device::Cpu).reshape([-1]))
+            .map_err(|e| MemoryError::Invalid(format!("embedding: {e}")))?;
+        let dim = embedder.dim();
+        let rows: Vec<NewLongTerm> = batch
+            .iter()
+            .zip(feedback)
+            .enumerate()
+            .map(|(i, (e, f))| NewLongTerm {
+                step: e.step,
+                task_id: e.task_id.clone(),
+                task_text: e.task_text.clone(),
+                code: e.code.clone(),
+                report: e.report.clone(),
+                rewards: e.rewards.clone(),
+                feedback: f,
+                embedder: self.embedder.clone(),
+                embedding: flat[i * dim..(i + 1) * dim].to_vec(),
+            })
+            .collect();
+        // Store first: the index is derived and can be rebuilt from it.
+        let ids = self.store.insert_long_term(&rows)?;
+        self.index.add(&ids, &vectors)?;
+        Ok(ids)
+    }
+
+    /// The `k` most similar past entries for each task text, best first.
+    pub fn retrieve(
+        &mut self,
+        embedder: &dyn Embedder,
+        tasks: &[&str],
+        k: usize,
+    ) -> Result<Vec<Vec<Retrieved>>, MemoryError> {
+        self.check(embedder)?;
+        if tasks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let q = embedder.embed(tasks)?;
+        let hits = self.index.search(&q, k)?;
+        let all_ids: Vec<i64> = hits.iter().flatten().map(|h| h.id).collect();
+        let records = self.store.get_long_term(&all_ids)?;
+        let by_id: BTreeMap<i64, LongTermRecord> = records.into_iter().map(|r| (r.id, r)).collect();
+        Ok(hits
+            .into_iter()
+            .map(|row| {
+                row.into_iter()
+                    .filter_map(|h| {
+                        by_id.get(&h.id).map(|r| Retrieved {
+                            score: h.score,
+                            record: r.clone(),
+                        })
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+}
+
+fn score(rewards: &BTreeMap<String, f64>, name: &str) -> String {
+    rewards
+        .get(name)
+        .map_or_else(|| "n/a".to_owned(), |v| format!("{v:.2}"))
+}
+
+/// The errors a past sample made, one line each (kind and message of its
+/// failing tests, deduplicated).
+fn errors_of(report: &ExecReport) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for t in &report.tests {
+        let line = match &t.status {
+            TestStatus::Pass => continue,
+            TestStatus::Fail => "WrongAnswer: an assertion on the result failed".to_owned(),
+            TestStatus::Error { kind, message } => {
+                let msg = message.lines().next().unwrap_or("").trim();
+                if msg.is_empty() {
+                    format!("{kind:?}")
+                } else {
+                    format!("{kind:?}: {msg}")
+                }
+            }
+        };
+        if !out.contains(&line) {
+            out.push(line);
+        }
+    }
+    out
+}
+
+/// FALCON's Table 7 code-generation prompt with the retrieved history.
+/// Style and efficiency scores are the stored `style` and `complexity`
+/// reward terms (FALCON's −1..2 scale), `n/a` when a run did not compute
+/// them.
+pub fn table7_prompt(task: &str, history: &[Retrieved]) -> String {
+    let mut p = String::from(
+        "Instruction:\nPlease write a Python function based on the task description, referencing \
+         the historical context for inspiration. Ensure that the generated code follows the \
+         provided requirements and avoids the listed errors.\n\n",
+    );
+    p.push_str(&format!(
+        "Task: {}\n\nContext of relevant code:\n",
+        task.trim()
+    ));
+    if history.is_empty() {
+        p.push_str("\n(no similar past tasks yet)\n");
+    }
+    let mut errors: Vec<String> = Vec::new();
+    for h in history {
+        let r = &h.record;
+        p.push_str(&format!(
+            "\n- Historical Task: {}\n- Code:\n```python\n{}\n```\n- Style Score: {}\n- Efficiency Score: {}\n- Additional Feedback: {}\n",
+            r.task_text.trim(),
+            r.code.trim_end(),
+            score(&r.rewards, "style"),
+            score(&r.rewards, "complexity"),
+            r.feedback.trim(),
+        ));
+        for e in errors_of(&r.report) {
+            if !errors.contains(&e) {
+                errors.push(e);
+            }
+        }
+    }
+    p.push_str(
+        "\nRequirements:\n1. Ensure the generated code adheres to best practices for Python, \
+         including proper naming conventions, consistent formatting, and coding standards.\n\
+         2. Optimize the code for performance, avoiding unnecessary recursion or nested loops.\n\
+         3. Use built-in or efficient library functions whenever applicable to improve both \
+         readability and performance.\n",
+    );
+    if !errors.is_empty() {
+        p.push_str("\nAvoid the following errors:\n");
+        for e in &errors {
+            p.push_str(&format!(
+                "- {e} – Avoid structural or logical issues found in previous code snippets.\n"
+            ));
+        }
+    }
+    p.push_str("\nOutput: Ensure your response is in the format of ```python```.\n");
+    p
+}
