@@ -800,7 +800,7 @@ fn cmd_memory(cmd: MemoryCmd) -> Result<()> {
             for (name, n) in store.embedders()? {
                 println!("  vector space {name:<12} {n} long-term entries");
             }
-            if let Some(stats) = store.get_record::<ErrorStats>("stats", "error")? {
+            if let Some(stats) = ErrorStats::load(&store)? {
                 println!(
                     "  P_error over {} samples ({:?}):",
                     stats.samples(),
@@ -905,7 +905,7 @@ fn cmd_memory(cmd: MemoryCmd) -> Result<()> {
                     }
                 }
                 "api" => {
-                    let Some(mem) = store.get_record::<MemCoderMemory>("memcoder", "state")? else {
+                    let Some(mem) = MemCoderMemory::load(&store)? else {
                         bail!("this run has no MEMCoder memory");
                     };
                     let Some(api) = mem.api(&text) else {

@@ -384,3 +384,179 @@ fn memory_cli_stats_query_export_import() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("no memory database"));
 }
+
+/// The policy embedder is transformers' last hidden state (after the final
+/// norm), mean-pooled over the sequence and normalised.
+#[test]
+fn policy_embedder_matches_transformers_hidden_states() {
+    use falcon_rl::memory::PolicyEmbedder;
+    use falcon_rl::model::{Dtype, Policy};
+    let dir = fixture("tiny-qwen2");
+    let policy = Policy::load(&dir, Dtype::Fp32, Device::Cpu).unwrap();
+    let emb = PolicyEmbedder::new(&policy, "step-0").unwrap();
+    let ids = vec![vec![1i64, 5, 9, 2, 7], vec![3i64, 3, 8]];
+    let got = emb.embed_ids(&ids).unwrap();
+    assert_eq!(got.size(), [2, emb.dim() as i64]);
+    let code = format!(
+        r#"
+import json, torch
+from transformers import AutoModelForCausalLM
+m = AutoModelForCausalLM.from_pretrained({dir:?}, torch_dtype=torch.float32).eval()
+out = []
+for ids in {ids:?}:
+    with torch.no_grad():
+        h = m(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]
+    v = h.mean(0)
+    out.append((v / v.norm()).tolist())
+print(json.dumps(out))
+"#,
+        dir = dir.to_str().unwrap(),
+        ids = ids
+    );
+    let text = crate::common::run_python_code(&code);
+    let want: Vec<Vec<f32>> = serde_json::from_str(text.trim().lines().last().unwrap()).unwrap();
+    for (i, w) in want.iter().enumerate() {
+        let diff = (got.get(i as i64) - Tensor::from_slice(w))
+            .abs()
+            .max()
+            .double_value(&[]);
+        assert!(diff < 1e-5, "row {i}: max abs diff {diff}");
+    }
+    assert!(emb.embed_ids(&[vec![]]).is_err());
+    assert!(
+        emb.embed(&["text"]).is_err(),
+        "no tokenizer in the fixture: a clear error"
+    );
+}
+
+/// MEMCoder's memory, the error statistics and the fixing knowledge with its
+/// mentor come back from the store exactly as they were saved.
+#[test]
+fn memories_persist_through_the_store() {
+    use falcon_rl::exec::MemoCoderClass;
+    use falcon_rl::memory::fixes::{
+        FixEntry, FixKnowledge, Mentor, FIX_RECORD_KIND, MENTOR_RECORD_KEY, MENTOR_RECORD_KIND,
+    };
+    use falcon_rl::memory::memcoder::{ApiDoc, MemCoderMemory, MemCoderParams};
+    use falcon_rl::memory::stats::{ErrorStats, StatsMode};
+    use falcon_rl::memory::MemoryStore;
+
+    let dir = tmpdir();
+    let mut store = MemoryStore::open(dir.path()).unwrap();
+    let docs = vec![ApiDoc {
+        name: "numpy.zeros".into(),
+        signature: "(shape, dtype=float)".into(),
+        description: "Return a new array of given shape, filled with zeros.".into(),
+        source: None,
+    }];
+    let mut mem = MemCoderMemory::new(docs, MemCoderParams::default()).unwrap();
+    let code = "import numpy as np\ndef f(n):\n    return np.zeros(n)\n";
+    mem.evolve_with_answers(
+        "Return n zeros.",
+        code,
+        &report(true, ErrorKind::Other, ""),
+        &[],
+        "GUIDELINE: Use numpy for array construction.",
+        &["GUIDELINE: np.zeros takes the shape first.\nACTION: ADD"],
+    )
+    .unwrap();
+    assert_eq!(mem.api("numpy.zeros").unwrap().guidelines.len(), 1);
+    mem.save(&mut store, 3).unwrap();
+
+    let mut stats = ErrorStats::new(StatsMode::Window { samples: 4 }).unwrap();
+    for (pass, kind) in [
+        (false, ErrorKind::IndexError),
+        (true, ErrorKind::Other),
+        (false, ErrorKind::TypeError),
+        (false, ErrorKind::IndexError),
+    ] {
+        stats.observe(&report(pass, kind, "boom"));
+    }
+    stats.save(&mut store, 3).unwrap();
+
+    let mut fk = FixKnowledge::new();
+    let mut mentor = Mentor::default();
+    let entry = FixEntry {
+        error_kind: ErrorKind::IndexError,
+        error_message: "list index out of range".into(),
+        failing_code: "xs[len(xs)]".into(),
+        fixed_code: "xs[-1]".into(),
+        task: "last element".into(),
+    };
+    let id = fk.add(entry.clone());
+    mentor.note_fix(id, &entry);
+    store
+        .put_record(FIX_RECORD_KIND, &FixKnowledge::record_key(id), 3, &entry)
+        .unwrap();
+    store
+        .put_record(MENTOR_RECORD_KIND, MENTOR_RECORD_KEY, 3, &mentor)
+        .unwrap();
+    drop(store);
+
+    let store = MemoryStore::open(dir.path()).unwrap();
+    assert_eq!(MemCoderMemory::load(&store).unwrap().unwrap(), mem);
+    let back = ErrorStats::load(&store).unwrap().unwrap();
+    assert_eq!(back, stats);
+    let p = back.p_error();
+    assert!(
+        (p[&ErrorKind::IndexError] - 2.0 / 3.0).abs() < 1e-12,
+        "{p:?}"
+    );
+    let fk2 =
+        FixKnowledge::from_records(store.records::<FixEntry>(FIX_RECORD_KIND).unwrap()).unwrap();
+    let hits = fk2.retrieve("IndexError: list index out of range", 10);
+    assert_eq!((hits.len(), hits[0].score), (1, 5));
+    let m2: Mentor = store
+        .get_record(MENTOR_RECORD_KIND, MENTOR_RECORD_KEY)
+        .unwrap()
+        .unwrap();
+    assert_eq!(m2.class(MemoCoderClass::Exception).pending, vec![id]);
+}
+
+/// `scripts/extract-api-docs.py` writes docs that MEMCoder's loader reads.
+#[test]
+fn extracted_api_docs_load_into_memcoder() {
+    use falcon_rl::memory::memcoder::{load_api_docs, MemCoderMemory, MemCoderParams};
+    let dir = tmpdir();
+    let out = dir.path().join("json-api.jsonl");
+    crate::common::run_python(
+        "extract-api-docs.py",
+        &["json", "--out", out.to_str().unwrap(), "--max-depth", "1"],
+    );
+    let docs = load_api_docs(&out).unwrap();
+    assert!(
+        docs.iter()
+            .any(|d| d.name == "json.dumps" && d.signature.starts_with("(obj")),
+        "{docs:?}"
+    );
+    let mem = MemCoderMemory::new(docs, MemCoderParams::default()).unwrap();
+    let code = "import json as j\ndef f(x):\n    return j.dumps(x)  # json.loads in a comment\n";
+    assert_eq!(mem.apis_used(code), ["json.dumps"]);
+}
+
+/// The system BLAS that FAISS links must not take over libtorch's own
+/// (MKL) `sgemm_`: the first library in the needed list that defines it
+/// wins every binding (see build.rs).
+#[test]
+fn libtorch_keeps_its_own_blas() {
+    // Make sure libtorch_cpu is loaded and used.
+    let _ = Tensor::ones([2, 2], (Kind::Float, Device::Cpu))
+        .matmul(&Tensor::ones([2, 2], (Kind::Float, Device::Cpu)));
+    for sym in ["sgemm_", "sgemv_"] {
+        let name = std::ffi::CString::new(sym).unwrap();
+        // SAFETY: dlsym/dladdr only read the loaded objects' symbol tables.
+        let lib = unsafe {
+            let addr = libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr());
+            assert!(!addr.is_null(), "{sym} is not defined at all");
+            let mut info: libc::Dl_info = std::mem::zeroed();
+            assert!(libc::dladdr(addr, &mut info) != 0);
+            std::ffi::CStr::from_ptr(info.dli_fname)
+                .to_string_lossy()
+                .into_owned()
+        };
+        assert!(
+            lib.contains("libtorch_cpu"),
+            "{sym} resolves to {lib}, not libtorch_cpu"
+        );
+    }
+}

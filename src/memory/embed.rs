@@ -463,15 +463,44 @@ pub struct PolicyEmbedder<'a> {
 impl<'a> PolicyEmbedder<'a> {
     /// `tag` distinguishes vector spaces (e.g. the step the weights are from).
     pub fn new(policy: &'a Policy, tag: impl Into<String>) -> Result<Self, MemoryError> {
-        if policy.tokenizer.is_none() {
-            return Err(MemoryError::Invalid(
-                "policy embedder: the model directory has no tokenizer.json".into(),
-            ));
-        }
         Ok(PolicyEmbedder {
             policy,
             tag: tag.into(),
         })
+    }
+}
+
+impl PolicyEmbedder<'_> {
+    /// Embeddings of token-id sequences (each non-empty), one forward pass
+    /// per sequence so no padding enters the mean.
+    pub fn embed_ids(&self, ids: &[Vec<i64>]) -> Result<Tensor, MemoryError> {
+        let device = self.policy.device();
+        let max = (self.policy.model.config.max_position_embeddings as usize).max(1);
+        let mut rows = Vec::with_capacity(ids.len());
+        tch::no_grad(|| -> Result<(), MemoryError> {
+            for seq in ids {
+                if seq.is_empty() {
+                    return Err(MemoryError::Invalid(
+                        "policy embedder: empty token sequence".into(),
+                    ));
+                }
+                let seq = &seq[..seq.len().min(max)];
+                let x = Tensor::from_slice(seq).view([1, -1]).to_device(device);
+                let h = self
+                    .policy
+                    .model
+                    .forward(&x, None, None, LogitsFor::Hidden, false)?;
+                rows.push(
+                    h.to_kind(Kind::Float)
+                        .mean_dim([1].as_slice(), false, Kind::Float),
+                );
+            }
+            Ok(())
+        })?;
+        if rows.is_empty() {
+            return Ok(Tensor::zeros([0, self.dim() as i64], (Kind::Float, device)));
+        }
+        Ok(l2_normalize(&Tensor::cat(&rows, 0)))
     }
 }
 
@@ -485,34 +514,22 @@ impl Embedder for PolicyEmbedder<'_> {
     }
 
     fn embed(&self, texts: &[&str]) -> Result<Tensor, MemoryError> {
-        let tok = self.policy.tokenizer.as_ref().expect("checked in new");
-        let device = self.policy.device();
-        let mut rows = Vec::with_capacity(texts.len());
-        tch::no_grad(|| -> Result<(), MemoryError> {
-            for text in texts {
-                let mut ids = tok.encode(text, false).map_err(MemoryError::Model)?;
+        let tok = self.policy.tokenizer.as_ref().ok_or_else(|| {
+            MemoryError::Invalid(
+                "policy embedder: the model directory has no tokenizer.json".into(),
+            )
+        })?;
+        let ids = texts
+            .iter()
+            .map(|t| {
+                let mut ids = tok.encode(t, false)?;
                 if ids.is_empty() {
                     ids.push(tok.pad_id());
                 }
-                let max = self.policy.model.config.max_position_embeddings as usize;
-                ids.truncate(max.max(1));
-                let ids = Tensor::from_slice(&ids).view([1, -1]).to_device(device);
-                let h = self
-                    .policy
-                    .model
-                    .forward(&ids, None, None, LogitsFor::Hidden, false)
-                    .map_err(MemoryError::Model)?;
-                rows.push(
-                    h.to_kind(Kind::Float)
-                        .mean_dim([1].as_slice(), false, Kind::Float),
-                );
-            }
-            Ok(())
-        })?;
-        if rows.is_empty() {
-            return Ok(Tensor::zeros([0, self.dim() as i64], (Kind::Float, device)));
-        }
-        Ok(l2_normalize(&Tensor::cat(&rows, 0)))
+                Ok(ids)
+            })
+            .collect::<Result<Vec<_>, crate::model::ModelError>>()?;
+        self.embed_ids(&ids)
     }
 
     fn device(&self) -> Device {

@@ -657,7 +657,20 @@ pub struct MemCoderMemory {
     stats: ReflectStats,
 }
 
+/// Where a run's MEMCoder memory lives in the store: (kind, key).
+pub const RECORD: (&str, &str) = ("memcoder", "state");
+
 impl MemCoderMemory {
+    /// The memory saved in `store`, if any.
+    pub fn load(store: &super::MemoryStore) -> Result<Option<Self>, super::StoreError> {
+        store.get_record(RECORD.0, RECORD.1)
+    }
+
+    /// Save the whole memory as one record (one transaction).
+    pub fn save(&self, store: &mut super::MemoryStore, step: u64) -> Result<(), super::StoreError> {
+        store.put_record(RECORD.0, RECORD.1, step, self)
+    }
+
     /// An empty memory over the library's docs: every documented API gets an
     /// entry with no snippets and no guidelines.
     pub fn new(docs: Vec<ApiDoc>, params: MemCoderParams) -> Result<Self, MemcoderError> {

@@ -72,7 +72,20 @@ pub struct ErrorStats {
     decayed: BTreeMap<ErrorKind, f64>,
 }
 
+/// Where a run's error statistics live in the store: (kind, key).
+pub const RECORD: (&str, &str) = ("stats", "error");
+
 impl ErrorStats {
+    /// The statistics saved in `store`, if any.
+    pub fn load(store: &super::MemoryStore) -> Result<Option<Self>, super::StoreError> {
+        store.get_record(RECORD.0, RECORD.1)
+    }
+
+    /// Save as one record (one transaction).
+    pub fn save(&self, store: &mut super::MemoryStore, step: u64) -> Result<(), super::StoreError> {
+        store.put_record(RECORD.0, RECORD.1, step, self)
+    }
+
     /// Empty statistics; fails on an invalid mode.
     pub fn new(mode: StatsMode) -> Result<Self, StatsError> {
         mode.validate()?;
