@@ -12,3 +12,4 @@ pub mod memory;
 pub mod model;
 pub mod reward;
 pub mod task;
+pub mod train;
