@@ -2,8 +2,11 @@
 //! advantages, our own optimizers, checkpoints with exact resume, and
 //! metrics (JSONL and TensorBoard event files).
 //!
-//! Work in progress (issue 5): the metrics writers and checkpoint
-//! publishing / verification / retention are in so far; the loop is not.
+//! Work in progress (issue 5): the metrics writers, checkpoint publishing /
+//! verification / retention, FALCON's losses and the advantage estimators
+//! are in so far; the loop that uses them is not.
 
+pub mod advantage;
 pub mod checkpoint;
+pub mod losses;
 pub mod metrics;
