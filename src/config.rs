@@ -109,6 +109,8 @@ sections! {
     /// `[memory]`: long/short-term memory, error statistics, MEMCoder and
     /// MemoCoder settings.
     memory: MemoryConfig,
+    /// `[train]`: the RL loop (steps, batch, optimizer, losses, checkpoints).
+    train: TrainConfig,
 }
 
 impl RunConfig {
@@ -1527,6 +1529,133 @@ impl Section for MemoryConfig {
                     "kind = \"openai\" needs base_url and model",
                 );
             }
+        }
+    }
+}
+
+// ------------------------------------------------------------------- train
+
+/// Which optimizer updates the trainable weights.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    #[default]
+    Adamw,
+    Sgd,
+}
+
+/// Weights of the loss terms (FALCON Algorithm 1 line 10 adds them; a
+/// weight of 0 still logs the term).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LossWeights {
+    /// Policy gradient on the composite reward's advantages.
+    pub pg: f64,
+    /// Fine-grained loss on the tokens of failing lines (Eqs. 2, 8).
+    pub fine: f64,
+    /// Cross-entropy on passing samples (L_sl, Eq. 3).
+    pub sl: f64,
+}
+
+impl Default for LossWeights {
+    fn default() -> Self {
+        LossWeights {
+            pg: 1.0,
+            fine: 1.0,
+            sl: 0.0,
+        }
+    }
+}
+
+/// `[train]`: see docs/train.md.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Policy updates in the run.
+    pub steps: u64,
+    /// Tasks per step.
+    pub tasks_per_step: usize,
+    /// Samples generated per task (G).
+    pub group_size: usize,
+    pub optimizer: OptimizerKind,
+    /// Peak learning rate.
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub warmup_steps: u64,
+    pub schedule: crate::train::optim::ScheduleKind,
+    /// Final learning rate as a fraction of `lr` (cosine / linear).
+    pub min_lr_ratio: f64,
+    /// Global gradient-norm clip; 0 = off.
+    pub grad_clip: f64,
+    pub advantage: crate::train::advantage::AdvantageKind,
+    /// Divide group-mean advantages by the group's standard deviation (GRPO).
+    pub normalize_std: bool,
+    pub normalization: crate::train::losses::Normalization,
+    pub loss: LossWeights,
+    /// Write `step-N/` every this many steps (and after the last).
+    pub checkpoint_every: u64,
+    /// Checkpoints kept (the newest); 0 keeps all.
+    pub keep_last: usize,
+    /// The instruction put before each task in the user message.
+    pub instruction: String,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            steps: 20,
+            tasks_per_step: 4,
+            group_size: 4,
+            optimizer: OptimizerKind::Adamw,
+            lr: 1e-4,
+            weight_decay: 0.0,
+            warmup_steps: 0,
+            schedule: crate::train::optim::ScheduleKind::Constant,
+            min_lr_ratio: 0.1,
+            grad_clip: 1.0,
+            advantage: Default::default(),
+            normalize_std: false,
+            normalization: Default::default(),
+            loss: LossWeights::default(),
+            checkpoint_every: 5,
+            keep_last: 3,
+            instruction: "Write a Python function for the task below. Answer with the complete code in one ```python block.".into(),
+        }
+    }
+}
+
+impl Section for TrainConfig {
+    fn validate_into(&self, path: &str, problems: &mut Problems) {
+        for (key, value) in [
+            ("steps", self.steps),
+            ("tasks_per_step", self.tasks_per_step as u64),
+            ("group_size", self.group_size as u64),
+            ("checkpoint_every", self.checkpoint_every),
+        ] {
+            if value == 0 {
+                problems.push(&format!("{path}.{key}"), value, "must be >= 1");
+            }
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            problems.push(&format!("{path}.lr"), self.lr, "must be a positive number");
+        }
+        for (key, v) in [
+            ("weight_decay", self.weight_decay),
+            ("grad_clip", self.grad_clip),
+            ("loss.pg", self.loss.pg),
+            ("loss.fine", self.loss.fine),
+            ("loss.sl", self.loss.sl),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                problems.push(&format!("{path}.{key}"), v, "must be a finite number >= 0");
+            }
+        }
+        if !(0.0..=1.0).contains(&self.min_lr_ratio) {
+            problems.push(
+                &format!("{path}.min_lr_ratio"),
+                self.min_lr_ratio,
+                "must be in [0, 1]",
+            );
         }
     }
 }

@@ -56,9 +56,21 @@ enum Cmd {
     Tasks(TasksCmd),
     /// Run code samples against their tasks in the sandbox and score them.
     Exec(ExecArgs),
+    /// Train the policy with RL from execution feedback (the single-level loop).
+    Train(TrainArgs),
     /// Inspect, query, export or import a run's memory database.
     #[command(subcommand)]
     Memory(MemoryCmd),
+}
+
+#[derive(Args)]
+struct TrainArgs {
+    /// Run configuration (TOML); see docs/config.md and docs/train.md.
+    #[arg(long)]
+    config: PathBuf,
+    /// Continue the run in <output_dir>/<name> from its newest valid checkpoint.
+    #[arg(long)]
+    resume: bool,
 }
 
 #[derive(Subcommand)]
@@ -754,6 +766,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Tasks(t) => cmd_tasks(t),
         Cmd::Exec(a) => cmd_exec(a),
         Cmd::Memory(c) => cmd_memory(c),
+        Cmd::Train(a) => cmd_train(a),
     }
 }
 
@@ -952,4 +965,107 @@ fn cmd_memory(cmd: MemoryCmd) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Progress for `falcon train`: a bar on a terminal, plain lines otherwise.
+struct TrainProgress {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl falcon_rl::train::rl::Observer for TrainProgress {
+    fn on_start(&mut self, first: u64, steps: u64) {
+        use std::io::IsTerminal;
+        if std::io::stderr().is_terminal() {
+            let bar = indicatif::ProgressBar::new(steps).with_style(
+                indicatif::ProgressStyle::with_template(
+                    "step {pos}/{len} {bar:30} {msg} eta {eta}",
+                )
+                .expect("static template"),
+            );
+            bar.set_position(first);
+            self.bar = Some(bar);
+        }
+    }
+
+    fn on_step(&mut self, r: &falcon_rl::train::rl::StepRecord) {
+        let secs: f64 = r.seconds.values().sum();
+        let msg = format!(
+            "reward {:+.3} pass {:.0}% loss {:.4} {:.0} tok/s",
+            r.reward.get("total").copied().unwrap_or(f64::NAN),
+            100.0 * r.pass_rate,
+            r.loss.get("total").copied().unwrap_or(f64::NAN),
+            r.tokens_generated as f64
+                / r.seconds.get("generate").copied().unwrap_or(secs).max(1e-9)
+        );
+        match &self.bar {
+            Some(b) => {
+                b.set_message(msg);
+                b.inc(1);
+            }
+            None => eprintln!("step {} {msg} ({secs:.1}s)", r.step + 1),
+        }
+    }
+
+    fn on_message(&mut self, m: &str) {
+        match &self.bar {
+            Some(b) => b.println(m),
+            None => eprintln!("falcon: {m}"),
+        }
+    }
+}
+
+fn cmd_train(args: TrainArgs) -> Result<()> {
+    use falcon_rl::exec::Sandbox;
+    use falcon_rl::train::rl::Trainer;
+
+    let cfg = RunConfig::from_file(&args.config).map_err(|e| UsageError(e.to_string()))?;
+    cfg.validate().map_err(|e| UsageError(e.to_string()))?;
+    let Some(task_path) = &cfg.tasks.path else {
+        return Err(UsageError(format!(
+            "{}: [tasks] path is not set",
+            args.config.display()
+        ))
+        .into());
+    };
+    let tasks = TaskSet::load(
+        task_path,
+        cfg.tasks.format,
+        LoadOptions {
+            skip_invalid: cfg.tasks.skip_invalid,
+        },
+    )
+    .map_err(|e| UsageError(e.to_string()))?;
+    let mut policy = load_policy(&ModelArgs {
+        model: cfg.model.path.clone(),
+        dtype: cfg.model.dtype.as_str().to_owned(),
+        device: cfg.model.device.clone(),
+        adapter: None,
+    })?;
+    falcon_rl::train::rl::prepare_policy(&cfg, &mut policy)?;
+    let sandbox = Sandbox::new(&cfg.exec)?;
+    let run_dir = cfg.run.output_dir.join(&cfg.run.name);
+    let mut progress = TrainProgress { bar: None };
+    let t0 = Instant::now();
+    let mut trainer = Trainer::new(
+        cfg.clone(),
+        &run_dir,
+        &mut policy,
+        &tasks,
+        &sandbox,
+        args.resume,
+        &mut progress,
+    )?;
+    let records = trainer.run(&mut progress)?;
+    if let Some(b) = &progress.bar {
+        b.finish_and_clear();
+    }
+    eprintln!(
+        "falcon: {} steps in {:.1}s; metrics {}, samples {}, checkpoints {}/step-N",
+        records.len(),
+        t0.elapsed().as_secs_f64(),
+        run_dir.join("metrics.jsonl").display(),
+        run_dir.join("samples.jsonl").display(),
+        run_dir.display()
+    );
+    Ok(())
 }

@@ -12,3 +12,4 @@ mod memory;
 mod model_io;
 mod model_parity;
 mod python_roundtrip;
+mod train;

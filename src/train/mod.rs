@@ -11,3 +11,4 @@ pub mod checkpoint;
 pub mod losses;
 pub mod metrics;
 pub mod optim;
+pub mod rl;
