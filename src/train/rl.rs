@@ -121,9 +121,18 @@ fn tasks_for_step(n: usize, per_step: usize, seed: u64, step: u64) -> Vec<usize>
         .collect()
 }
 
-/// The user message for a task.
+/// The user message for a task. MBPP-style statements do not name the
+/// function the tests call, so the name is added when the prompt lacks it
+/// (without showing any test).
 pub fn task_prompt(instruction: &str, task: &Task) -> String {
-    format!("{instruction}\n\n{}", task.prompt.trim_end())
+    let mut p = format!("{instruction}\n\n{}", task.prompt.trim_end());
+    if !task.entry_point.is_empty() && !task.prompt.contains(&task.entry_point) {
+        p.push_str(&format!(
+            "\nThe function must be named `{}`.",
+            task.entry_point
+        ));
+    }
+    p
 }
 
 /// Attach the config's LoRA adapters (when enabled) with their random
@@ -593,6 +602,29 @@ pub fn device_of(cfg: &RunConfig) -> Device {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prompts_name_the_function_when_the_task_does_not() {
+        let mut t = Task {
+            id: "mbpp/1".into(),
+            prompt: "Find the smallest n items.".into(),
+            entry_point: "small_nnum".into(),
+            tests: vec!["assert small_nnum([1], 1) == [1]".into()],
+            kind: Default::default(),
+            canonical_solution: None,
+            docs: None,
+            tags: vec![],
+            test_setup: None,
+        };
+        let p = task_prompt("Solve:", &t);
+        assert_eq!(
+            p,
+            "Solve:\n\nFind the smallest n items.\nThe function must be named `small_nnum`."
+        );
+        assert!(!p.contains("assert"), "no test is shown");
+        t.prompt = "def small_nnum(xs, n):\n    \"\"\"...\"\"\"\n".into();
+        assert!(!task_prompt("Solve:", &t).contains("must be named"));
+    }
 
     #[test]
     fn task_order_is_a_seeded_permutation_per_epoch() {
