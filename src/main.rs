@@ -583,7 +583,7 @@ fn read_samples(arg: &str, tasks: &TaskSet, skip_invalid: bool) -> Result<Vec<Sa
 }
 
 fn cmd_exec(args: ExecArgs) -> Result<()> {
-    use falcon_rl::exec::{ErrorKind, Sandbox};
+    use falcon_rl::exec::Sandbox;
     use falcon_rl::reward::{composite, judge_from_config, Aspect, SampleSignals};
     use std::collections::BTreeMap;
 
@@ -649,17 +649,11 @@ fn cmd_exec(args: ExecArgs) -> Result<()> {
     };
     // Standalone, the error-type statistics P_error come from this batch:
     // the share of each error kind among all failing tests.
-    let mut kind_counts: BTreeMap<ErrorKind, usize> = BTreeMap::new();
+    let mut stats = falcon_rl::memory::stats::ErrorStats::new(Default::default())?;
     for r in &reports {
-        for (k, n) in r.error_counts() {
-            *kind_counts.entry(k).or_insert(0) += n;
-        }
+        stats.observe(r);
     }
-    let total_errors: usize = kind_counts.values().sum();
-    let p_error: BTreeMap<ErrorKind, f64> = kind_counts
-        .iter()
-        .map(|(k, n)| (*k, *n as f64 / total_errors.max(1) as f64))
-        .collect();
+    let p_error = stats.p_error();
 
     let mut lines = String::new();
     let mut by_outcome: BTreeMap<String, usize> = BTreeMap::new();

@@ -28,7 +28,7 @@ use crate::model::sampling::Sampler;
 use crate::model::{weights, GenerationParams, Generator, ModelError, Policy};
 use crate::reward::{
     code_in_completion, composite, error_line_spans, judge_from_config,
-    offsets_by_incremental_decode, r_coarse, Aspect, SampleSignals, TokenSpan,
+    offsets_by_incremental_decode, r_coarse, Aspect, Judge, SampleSignals, TokenSpan,
 };
 use crate::task::{Task, TaskSet};
 
@@ -174,6 +174,7 @@ pub struct Trainer<'a> {
     optimizer: Box<dyn Optimizer>,
     schedule: LrSchedule,
     error_stats: ErrorStats,
+    judge: Box<dyn Judge>,
     step: u64,
 }
 
@@ -214,6 +215,14 @@ impl<'a> Trainer<'a> {
         schedule.validate()?;
         let error_stats =
             ErrorStats::new(cfg.memory.p_error).map_err(|e| TrainError::Invalid(e.to_string()))?;
+        // The LM judge would borrow the policy this loop updates.
+        if cfg.reward.judge == crate::config::JudgeKind::Lm {
+            return Err(TrainError::Invalid(
+                "[reward] judge = \"lm\" is not supported by `falcon train` yet; use \"static\""
+                    .into(),
+            ));
+        }
+        let judge = judge_from_config::<Policy>(&cfg.reward, None)?;
         std::fs::create_dir_all(run_dir)
             .map_err(|e| TrainError::Invalid(format!("{}: {e}", run_dir.display())))?;
         let mut me = Trainer {
@@ -225,6 +234,7 @@ impl<'a> Trainer<'a> {
             optimizer,
             schedule,
             error_stats,
+            judge,
             step: 0,
         };
         for gone in checkpoint::remove_leftovers(run_dir) {
@@ -362,7 +372,7 @@ impl<'a> Trainer<'a> {
         );
         let tasks: Vec<&Task> = picked
             .iter()
-            .map(|&i| self.tasks.iter().nth(i).expect("index in range"))
+            .map(|&i| &self.tasks.iter().as_slice()[i])
             .collect();
         let mut prompts = Vec::with_capacity(tasks.len() * g);
         for task in &tasks {
@@ -406,7 +416,7 @@ impl<'a> Trainer<'a> {
         }
         let p_error = self.error_stats.p_error();
         let codes: Vec<&str> = located.iter().map(|(_, c)| *c).collect();
-        let judge = judge_from_config::<Policy>(&self.cfg.reward, None)?;
+        let judge = &self.judge;
         let style = if self.cfg.reward.style.computed() {
             judge.score(Aspect::Style, &codes)?
         } else {
