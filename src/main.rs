@@ -278,6 +278,9 @@ enum ConvertCmd {
 struct ExportArgs {
     #[command(flatten)]
     model: ModelArgs,
+    /// Export a training checkpoint (`runs/NAME/step-N`) instead of --model/--adapter.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
     /// Where the HF model directory goes.
     #[arg(long)]
     out: PathBuf,
@@ -433,8 +436,17 @@ fn cmd_chat(args: ChatArgs) -> Result<()> {
 }
 
 fn cmd_export(args: ExportArgs) -> Result<()> {
-    let policy = load_policy(&args.model)?;
-    let dtype: Dtype = args.model.dtype.parse().map_err(UsageError)?;
+    let (policy, dtype) = match &args.checkpoint {
+        Some(dir) => {
+            let (cfg, policy) = falcon_rl::train::rl::policy_from_checkpoint(dir)
+                .with_context(|| format!("loading checkpoint {}", dir.display()))?;
+            (policy, cfg.model.dtype)
+        }
+        None => (
+            load_policy(&args.model)?,
+            args.model.dtype.parse().map_err(UsageError)?,
+        ),
+    };
     let out = export_hf(&policy, &args.out, dtype, args.overwrite)?;
     println!("wrote HF model directory {}", out.display());
     if policy.lora.is_some() {

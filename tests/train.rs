@@ -287,6 +287,29 @@ fn falcon_train_runs_and_resumes_from_a_config_file() {
     );
     let m = read_metrics(&dir.path().join("runs/cli/metrics.jsonl"));
     assert_eq!(m.iter().map(|r| r.step).collect::<Vec<_>>(), [0, 1]);
+    // Any checkpoint exports as a merged HF directory and a PEFT adapter.
+    let out = dir.path().join("exported");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_falcon"))
+        .args(["export", "--checkpoint"])
+        .arg(dir.path().join("runs/cli/step-2"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.join("config.json").is_file() && out.join("model.safetensors").is_file());
+    assert!(dir
+        .path()
+        .join("exported-adapter/adapter_config.json")
+        .is_file());
+    let merged = falcon_rl::model::weights::read_all(&out.join("model.safetensors")).unwrap();
+    let base =
+        falcon_rl::model::weights::read_all(&dir.path().join("model/model.safetensors")).unwrap();
+    let q = "model.layers.0.self_attn.q_proj.weight";
+    assert!(
+        !merged[q].equal(&base[q]),
+        "the trained adapter is merged in"
+    );
     // A config without a task file is a usage error naming the key.
     let mut cfg = config(dir.path(), 1, 62420);
     cfg.tasks.path = None;

@@ -158,6 +158,41 @@ pub fn trainable(policy: &Policy) -> Vec<(String, Tensor)> {
     v
 }
 
+/// Copy the trainable tensors saved at `path` into the policy (every one
+/// must be there with the right shape).
+pub fn load_trainable(policy: &Policy, path: &Path) -> Result<(), TrainError> {
+    let saved = weights::read_all(path)?;
+    for (name, p) in trainable(policy) {
+        let t = saved.get(&name).ok_or_else(|| {
+            TrainError::Invalid(format!("{}: no tensor `{name}`", path.display()))
+        })?;
+        if t.size() != p.size() {
+            return Err(TrainError::Invalid(format!(
+                "{}: `{name}` has shape {:?}, the model {:?}",
+                path.display(),
+                t.size(),
+                p.size()
+            )));
+        }
+        tch::no_grad(|| p.shallow_clone().copy_(&t.to_kind(p.kind())));
+    }
+    Ok(())
+}
+
+/// The policy a checkpoint holds: its config's base model (on the CPU, in
+/// the config's dtype) with the checkpoint's trainable weights, after the
+/// directory verified against its manifest. For `falcon export`.
+pub fn policy_from_checkpoint(dir: &Path) -> Result<(RunConfig, Policy), TrainError> {
+    checkpoint::verify(dir)?;
+    let cpath = dir.join(CONFIG_FILE);
+    let cfg = RunConfig::from_file(&cpath).map_err(|e| TrainError::Invalid(e.to_string()))?;
+    let model_dir = crate::model::hub::resolve(&cfg.model.path)?;
+    let mut policy = Policy::load(&model_dir, cfg.model.dtype, Device::Cpu)?;
+    prepare_policy(&cfg, &mut policy)?;
+    load_trainable(&policy, &dir.join(WEIGHTS_FILE))?;
+    Ok((cfg, policy))
+}
+
 /// Files of a checkpoint directory.
 pub const WEIGHTS_FILE: &str = "trainable.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
@@ -272,25 +307,8 @@ impl<'a> Trainer<'a> {
     }
 
     fn load_checkpoint(&mut self, dir: &Path) -> Result<(), TrainError> {
+        load_trainable(self.policy, &dir.join(WEIGHTS_FILE))?;
         let params = trainable(self.policy);
-        let saved = weights::read_all(&dir.join(WEIGHTS_FILE))?;
-        for (name, p) in &params {
-            let t = saved.get(name).ok_or_else(|| {
-                TrainError::Invalid(format!(
-                    "{}: no tensor `{name}`",
-                    dir.join(WEIGHTS_FILE).display()
-                ))
-            })?;
-            if t.size() != p.size() {
-                return Err(TrainError::Invalid(format!(
-                    "{}: `{name}` has shape {:?}, the model {:?}",
-                    dir.join(WEIGHTS_FILE).display(),
-                    t.size(),
-                    p.size()
-                )));
-            }
-            tch::no_grad(|| p.shallow_clone().copy_(&t.to_kind(p.kind())));
-        }
         self.optimizer.load(&dir.join(OPTIMIZER_FILE), &params)?;
         let spath = dir.join(STATE_FILE);
         let text = std::fs::read_to_string(&spath)
