@@ -212,6 +212,22 @@ fn smoke_train_changes_only_trainable_weights() {
     let samples = std::fs::read_to_string(run_dir.join("samples.jsonl")).unwrap();
     assert_eq!(samples.lines().count(), 12);
     assert!(run_dir.join("step-2").join("manifest.json").is_file());
+    // The same scalars went to a TensorBoard event file.
+    let tb: Vec<_> = std::fs::read_dir(run_dir.join("tb"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(tb.len(), 1);
+    let ev = falcon_rl::train::metrics::read_events(&tb[0].path()).unwrap();
+    assert!(ev.truncated_at.is_none());
+    let steps: Vec<&falcon_rl::train::metrics::Event> =
+        ev.events.iter().filter(|e| !e.scalars.is_empty()).collect();
+    assert_eq!(steps.len(), 2);
+    for (e, r) in steps.iter().zip(&records) {
+        assert_eq!(e.step, r.step as i64);
+        assert_eq!(e.scalar("loss/total"), Some(r.loss["total"] as f32));
+        assert_eq!(e.scalar("reward/total"), Some(r.reward["total"] as f32));
+    }
 }
 
 #[test]

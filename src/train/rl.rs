@@ -15,7 +15,7 @@ use tch::{Device, Kind, Tensor};
 use super::advantage::advantages;
 use super::checkpoint::{self, CheckpointError};
 use super::losses::{fine_grained_loss, pg_loss, sl_loss, token_logprobs, total_loss, PgBatch};
-use super::metrics::{truncate_after_step, JsonlWriter, MetricsError};
+use super::metrics::{truncate_after_step, EventWriter, JsonlWriter, MetricsError};
 use super::optim::{
     clip_grad_norm, zero_grad, AdamW, AdamWConfig, LrSchedule, OptimError, Optimizer, Sgd,
     SgdConfig,
@@ -82,6 +82,33 @@ pub struct StepRecord {
     pub tokens_generated: usize,
     /// Seconds in generate / exec / reward / update.
     pub seconds: BTreeMap<String, f64>,
+}
+
+impl StepRecord {
+    /// Every figure as a named scalar (`loss/pg`, `reward/coarse`, `pass_rate`,
+    /// `seconds/generate`, ...), for TensorBoard.
+    pub fn scalars(&self) -> Vec<(String, f64)> {
+        let mut v = vec![
+            ("lr".to_owned(), self.lr),
+            ("pass_rate".to_owned(), self.pass_rate),
+            ("grad_norm".to_owned(), self.grad_norm),
+            ("tokens_generated".to_owned(), self.tokens_generated as f64),
+            ("no_signal".to_owned(), self.no_signal as f64),
+        ];
+        for (prefix, map) in [
+            ("loss", &self.loss),
+            ("reward", &self.reward),
+            ("seconds", &self.seconds),
+        ] {
+            v.extend(map.iter().map(|(k, x)| (format!("{prefix}/{k}"), *x)));
+        }
+        v.extend(
+            self.error_kinds
+                .iter()
+                .map(|(k, n)| (format!("errors/{k}"), *n as f64)),
+        );
+        v
+    }
 }
 
 /// Where the loop reports progress; only the CLI draws anything.
@@ -360,10 +387,21 @@ impl<'a> Trainer<'a> {
         observer.on_start(self.step, steps);
         let mut metrics = JsonlWriter::open(&self.run_dir.join("metrics.jsonl"))?;
         let mut samples_log = JsonlWriter::open(&self.run_dir.join("samples.jsonl"))?;
+        // A new event file per session: TensorBoard drops points whose step
+        // went backwards, so a resumed run needs no trimming here.
+        let mut events = EventWriter::create(&self.run_dir.join("tb"))?;
         let mut out = Vec::new();
         while self.step < steps {
             let rec = self.one_step(&mut samples_log)?;
             metrics.write(&rec)?;
+            events.scalars(
+                rec.step as i64,
+                &rec.scalars()
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), *v as f32))
+                    .collect::<Vec<_>>(),
+            )?;
+            events.flush()?;
             observer.on_step(&rec);
             out.push(rec);
             self.step += 1;
