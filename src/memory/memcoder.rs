@@ -1754,13 +1754,7 @@ def f(a):
                         .iter()
                         .find(|(key, _)| p.contains(key))
                         .unwrap_or_else(|| panic!("unscripted prompt:\n{p}"));
-                    Completion {
-                        text: (*a).into(),
-                        prompt_ids: vec![],
-                        token_ids: vec![],
-                        logprobs: vec![],
-                        finish: FinishReason::Eos,
-                    }
+                    Completion::text_only(*a, FinishReason::Eos)
                 })
                 .collect())
         }

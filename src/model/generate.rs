@@ -44,6 +44,20 @@ pub struct Completion {
     pub finish: FinishReason,
 }
 
+impl Completion {
+    /// A completion known only as text (a remote server's answer, a scripted
+    /// test generator): no token ids or log-probs, so never for training.
+    pub fn text_only(text: impl Into<String>, finish: FinishReason) -> Self {
+        Completion {
+            text: text.into(),
+            prompt_ids: Vec::new(),
+            token_ids: Vec::new(),
+            logprobs: Vec::new(),
+            finish,
+        }
+    }
+}
+
 /// Sampling settings for one `generate` call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerationParams {

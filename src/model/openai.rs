@@ -184,17 +184,14 @@ impl OpenAiGenerator {
             parsed.choices.into_iter().next().ok_or_else(|| {
                 fail(format!("HTTP {status} with no choices: {}", excerpt(&text)))
             })?;
-        Ok(Completion {
-            text: choice.message.content.unwrap_or_default(),
-            prompt_ids: Vec::new(),
-            token_ids: Vec::new(),
-            logprobs: Vec::new(),
-            finish: finish_reason(
+        Ok(Completion::text_only(
+            choice.message.content.unwrap_or_default(),
+            finish_reason(
                 choice.finish_reason.as_deref(),
                 choice.stop_reason.as_ref(),
                 &params.stop,
             ),
-        })
+        ))
     }
 }
 

@@ -459,13 +459,7 @@ mod tests {
             self.seen.lock().unwrap().extend(prompts.iter().cloned());
             Ok(self.answers[..prompts.len()]
                 .iter()
-                .map(|a| Completion {
-                    text: (*a).to_owned(),
-                    prompt_ids: vec![],
-                    token_ids: vec![],
-                    logprobs: vec![],
-                    finish: FinishReason::Eos,
-                })
+                .map(|a| Completion::text_only(*a, FinishReason::Eos))
                 .collect())
         }
     }
