@@ -2,9 +2,14 @@
 //! advantages, our own optimizers, checkpoints with exact resume, and
 //! metrics (JSONL and TensorBoard event files).
 //!
-//! Work in progress (issue 5): the metrics writers, checkpoint publishing /
-//! verification / retention, FALCON's losses, the advantage estimators and
-//! our AdamW / SGD with LR schedules are in so far; the loop is not.
+//! - [`rl`]: the single-level loop behind `falcon train` (docs/train.md).
+//! - [`losses`], [`advantage`], [`optim`]: FALCON's loss terms, advantage
+//!   estimators, our AdamW / SGD and LR schedules.
+//! - [`checkpoint`]: atomic `step-N/` directories, verification, retention.
+//! - [`metrics`]: `metrics.jsonl` and TensorBoard event files.
+//!
+//! Not yet here (issue 5 / 6): SFT, the MAML outer loop, KL to a reference
+//! policy and PPO epochs in the loop, mixed precision.
 
 pub mod advantage;
 pub mod checkpoint;
