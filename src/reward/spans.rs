@@ -63,9 +63,9 @@ pub fn coarse_span(n_tokens: usize, reward: f64) -> Option<TokenSpan> {
 }
 
 /// Where the code is in a completion: `(byte offset, code)`. The body of the
-/// first fence whose info string is `python`, `py`, `python3` or empty (up to
-/// its closing fence, or the end of the text when it was cut off), else the
-/// whole text at offset 0.
+/// first non-blank fence whose info string is `python`, `py`, `python3` or
+/// empty (up to its closing fence, or the end of the text when it was cut
+/// off), else the whole text at offset 0.
 pub fn code_in_completion(text: &str) -> (usize, &str) {
     let mut line_start = 0;
     // Inside a fence of another language, whose closing line is no opening.
@@ -93,7 +93,11 @@ pub fn code_in_completion(text: &str) -> (usize, &str) {
                     }
                     at += l.len();
                 }
-                return (body_start, &body[..end]);
+                // A blank fence is a stray opening (small models often
+                // write "```" and then "```python"): look further.
+                if !body[..end].trim().is_empty() {
+                    return (body_start, &body[..end]);
+                }
             }
         }
         line_start = line_end + 1;
@@ -340,6 +344,14 @@ mod tests {
         let t = "```bash\nls\n```\n```python\ny = 2\n```\n";
         assert_eq!(code_in_completion(t), (t.find("y = 2").unwrap(), "y = 2\n"));
         assert_eq!(code_in_completion("```python\r\nx\r\n```"), (11, "x\r\n"));
+        // A blank fence before the real one (as SmolLM2 writes) is skipped.
+        let t = "```\n\n```python\ndef f():\n    return 1\n```";
+        let want = "def f():\n    return 1\n";
+        assert_eq!(code_in_completion(t), (t.find("def f").unwrap(), want));
+        let t = "```python\n```\n```python\nz = 3\n```";
+        assert_eq!(code_in_completion(t), (t.find("z = 3").unwrap(), "z = 3\n"));
+        // Only blank fences: the whole text, as for no fence at all.
+        assert_eq!(code_in_completion("```\n\n```"), (0, "```\n\n```"));
     }
 
     #[test]
