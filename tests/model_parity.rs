@@ -50,6 +50,26 @@ fn fp32_logits_match_transformers_within_1e_4() {
 }
 
 #[test]
+fn logits_from_a_position_are_the_tail_of_all_logits() {
+    for name in FIXTURES {
+        let r = reference(name);
+        let p = load(name, Dtype::Fp32);
+        let ids = ids_from_json(&r["input_ids"]);
+        let all = full_logits(&p, &ids);
+        let t = all.size()[1];
+        for start in [0, 2, t - 1] {
+            let tail = tch::no_grad(|| {
+                p.model
+                    .forward(&ids_tensor(&ids), None, None, LogitsFor::From(start), false)
+                    .unwrap()
+            });
+            let d = max_abs_diff(&tail, &all.narrow(1, start, t - start));
+            assert!(d <= 1e-5, "{name} from {start}: {d}");
+        }
+    }
+}
+
+#[test]
 fn bf16_logits_match_transformers_bf16_within_bf16_tolerance() {
     for name in FIXTURES {
         let r = reference(name);

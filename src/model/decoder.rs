@@ -216,6 +216,16 @@ impl KvCache {
         }
     }
 
+    /// Keep only the batch rows `rows` (an `[R]` i64 index tensor), in that
+    /// order: finished sequences of a generation batch stop costing compute.
+    pub fn keep_rows(&mut self, rows: &Tensor) {
+        for t in self.k.iter_mut().chain(self.v.iter_mut()) {
+            *t = t.index_select(0, rows);
+        }
+        self.valid = self.valid.index_select(0, rows);
+        self.next_pos = self.next_pos.index_select(0, rows);
+    }
+
     /// Number of slots filled so far.
     pub fn len(&self) -> i64 {
         self.len
@@ -359,6 +369,9 @@ pub enum LogitsFor {
     All,
     /// Only the last position of each row (generation steps).
     Last,
+    /// Positions `start..T` (training on completions: the prompt positions
+    /// before the shortest prompt's end need no logits).
+    From(i64),
     /// No logits: the final normalised hidden states `[B, T, H]` of every
     /// position (embeddings of the policy).
     Hidden,
@@ -616,6 +629,10 @@ impl Decoder {
         let h = match logits_for {
             LogitsFor::All | LogitsFor::Hidden => h,
             LogitsFor::Last => h.narrow(1, t - 1, 1),
+            LogitsFor::From(start) => {
+                let start = start.clamp(0, t - 1);
+                h.narrow(1, start, t - start)
+            }
         };
         let h = rms_norm(&h, &self.norm, eps);
         if logits_for == LogitsFor::Hidden {

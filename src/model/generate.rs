@@ -231,6 +231,14 @@ impl Policy {
         }
     }
 
+    /// Switch every adapter on or off (off: the base model, e.g. as the
+    /// frozen reference of a KL penalty).
+    pub fn set_lora_enabled(&mut self, on: bool) {
+        for (_, lin) in self.model.projections_mut() {
+            lin.set_adapter_enabled(on);
+        }
+    }
+
     /// Undo [`Policy::merge_lora`].
     pub fn unmerge_lora(&mut self) {
         for (_, lin) in self.model.projections_mut() {
@@ -337,37 +345,52 @@ impl Policy {
                 .forward(&ids, Some(&valid), Some(&mut cache), LogitsFor::Last, false)?
                 .squeeze_dim(1);
             let mut alive = Tensor::ones([b as i64], (Kind::Bool, device));
+            // rows[j]: the prompt index of batch row j. Once half the rows
+            // have finished, the batch is compacted to the live ones.
+            let mut rows: Vec<usize> = (0..b).collect();
             for step in 0..params.max_new_tokens {
-                let (next, lp) = params.sampler.sample(&logits);
+                let (mut next, lp) = params.sampler.sample(&logits);
                 let next_h = Vec::<i64>::try_from(&next.to_device(Device::Cpu))?;
                 let lp_h = Vec::<f32>::try_from(&lp.to_device(Device::Cpu))?;
                 let mut newly_stopped = Vec::new();
-                for i in 0..b {
+                for (j, &i) in rows.iter().enumerate() {
                     if done[i] {
                         continue;
                     }
                     let c = &mut out[i];
-                    c.token_ids.push(next_h[i]);
-                    c.logprobs.push(lp_h[i]);
-                    if eos.contains(&next_h[i]) {
+                    c.token_ids.push(next_h[j]);
+                    c.logprobs.push(lp_h[j]);
+                    if eos.contains(&next_h[j]) {
                         c.finish = FinishReason::Eos;
                         done[i] = true;
                     } else if let Some(s) = self.first_stop(&c.token_ids, &params.stop)? {
                         c.finish = FinishReason::Stop(s);
                         done[i] = true;
-                        newly_stopped.push(i as i64);
+                        newly_stopped.push(j as i64);
                     }
                 }
                 if done.iter().all(|&d| d) || step + 1 == params.max_new_tokens {
                     break;
                 }
-                // EOS is tracked on the device; stop strings (rare) are pushed down.
-                if !eos.is_empty() {
-                    alive = alive.logical_and(&Tensor::isin(&next, &eos_t, false, true));
-                }
-                if !newly_stopped.is_empty() {
-                    let idx = Tensor::from_slice(&newly_stopped).to_device(device);
-                    alive = alive.index_fill(0, &idx, 0);
+                let live: Vec<i64> = (0..rows.len())
+                    .filter(|&j| !done[rows[j]])
+                    .map(|j| j as i64)
+                    .collect();
+                if live.len() * 2 <= rows.len() {
+                    let idx = Tensor::from_slice(&live).to_device(device);
+                    cache.keep_rows(&idx);
+                    next = next.index_select(0, &idx);
+                    rows = live.iter().map(|&j| rows[j as usize]).collect();
+                    alive = Tensor::ones([rows.len() as i64], (Kind::Bool, device));
+                } else {
+                    // EOS is tracked on the device; stop strings (rare) are pushed down.
+                    if !eos.is_empty() {
+                        alive = alive.logical_and(&Tensor::isin(&next, &eos_t, false, true));
+                    }
+                    if !newly_stopped.is_empty() {
+                        let idx = Tensor::from_slice(&newly_stopped).to_device(device);
+                        alive = alive.index_fill(0, &idx, 0);
+                    }
                 }
                 let input = next.where_self(
                     &alive,

@@ -46,6 +46,9 @@ pub struct LoraAdapter {
     pub scale: f64,
     pub dropout: f64,
     merged: Cell<bool>,
+    /// Switched off: the layer computes the base projection only (the
+    /// frozen reference policy of a KL penalty, without a second model).
+    disabled: Cell<bool>,
 }
 
 /// A linear projection (HF `nn.Linear` layout: weight `[out, in]`) that may
@@ -95,6 +98,7 @@ impl LoraLinear {
             scale: scale(cfg),
             dropout: cfg.dropout,
             merged: Cell::new(false),
+            disabled: Cell::new(false),
         });
     }
 
@@ -109,7 +113,7 @@ impl LoraLinear {
     pub fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
         let y = x.linear(&self.weight, self.bias.as_ref());
         match &self.adapter {
-            Some(ad) if !ad.merged.get() => {
+            Some(ad) if !ad.merged.get() && !ad.disabled.get() => {
                 let xin = if train && ad.dropout > 0.0 {
                     x.dropout(ad.dropout, true)
                 } else {
@@ -136,6 +140,17 @@ impl LoraLinear {
         self.adapter.as_ref().is_some_and(|a| a.merged.get())
     }
 
+    /// Switch the adapter on or off; a merged adapter is taken back out of the
+    /// base weight first, so "off" always means the base projection.
+    pub fn set_adapter_enabled(&mut self, on: bool) {
+        if !on {
+            self.unmerge();
+        }
+        if let Some(ad) = &self.adapter {
+            ad.disabled.set(!on);
+        }
+    }
+
     /// Fold the adapter into the base weight. No-op without an adapter or when merged.
     pub fn merge(&mut self) {
         self.fold(true);
@@ -147,7 +162,9 @@ impl LoraLinear {
     }
 
     fn fold(&mut self, merge: bool) {
-        if self.adapter.is_none() || self.is_merged() == merge {
+        // Folding a switched-off adapter in would switch it back on.
+        let off = self.adapter.as_ref().is_some_and(|a| a.disabled.get());
+        if self.adapter.is_none() || self.is_merged() == merge || (merge && off) {
             return;
         }
         let d = self.delta().expect("adapter present");
