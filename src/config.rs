@@ -111,6 +111,8 @@ sections! {
     memory: MemoryConfig,
     /// `[train]`: the RL loop (steps, batch, optimizer, losses, checkpoints).
     train: TrainConfig,
+    /// `[eval]`: held-out evaluation (which tasks, samples per task, k).
+    eval: EvalConfig,
 }
 
 impl RunConfig {
@@ -165,6 +167,25 @@ impl RunConfig {
 // TOML integers are signed 64-bit, so a larger seed could never be written
 // back into the resolved config that a run saves.
 const MAX_TOML_INT: u64 = i64::MAX as u64;
+
+/// `temperature` and `top_p` of a section that samples.
+fn check_sampler(path: &str, temperature: f64, top_p: f64, problems: &mut Problems) {
+    // TOML allows `nan` and `inf`; the negated comparisons reject NaN too.
+    if !(temperature >= 0.0 && temperature.is_finite()) {
+        problems.push(
+            &format!("{path}.temperature"),
+            temperature,
+            "must be >= 0 (0 = greedy)",
+        );
+    }
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        problems.push(
+            &format!("{path}.top_p"),
+            top_p,
+            "must be in (0, 1] (1 = off)",
+        );
+    }
+}
 
 fn check_seed(key: &str, seed: u64, problems: &mut Problems) {
     if seed > MAX_TOML_INT {
@@ -501,21 +522,7 @@ impl Section for GenerationConfig {
                 "must be >= 1",
             );
         }
-        // TOML allows `nan` and `inf`; the negated comparisons reject NaN too.
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            problems.push(
-                &format!("{path}.temperature"),
-                self.temperature,
-                "must be >= 0 (0 = greedy)",
-            );
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            problems.push(
-                &format!("{path}.top_p"),
-                self.top_p,
-                "must be in (0, 1] (1 = off)",
-            );
-        }
+        check_sampler(path, self.temperature, self.top_p, problems);
         for (i, stop) in self.stop.iter().enumerate() {
             // An empty stop string matches at once and would end every completion.
             if stop.is_empty() {
@@ -572,6 +579,9 @@ pub struct TasksConfig {
     pub format: TaskFormat,
     /// Skip (and count) malformed records instead of failing the load.
     pub skip_invalid: bool,
+    /// Keep only tasks carrying at least one of these tags; empty keeps all.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
 }
 
 impl Section for TasksConfig {
@@ -1555,6 +1565,9 @@ pub struct LossWeights {
     pub fine: f64,
     /// Cross-entropy on passing samples (L_sl, Eq. 3).
     pub sl: f64,
+    /// KL penalty to the frozen reference policy (the base model under
+    /// LoRA); 0 = off, and the reference forward is skipped.
+    pub kl: f64,
 }
 
 impl Default for LossWeights {
@@ -1563,6 +1576,7 @@ impl Default for LossWeights {
             pg: 1.0,
             fine: 1.0,
             sl: 0.0,
+            kl: 0.0,
         }
     }
 }
@@ -1598,6 +1612,22 @@ pub struct TrainConfig {
     pub keep_last: usize,
     /// The instruction put before each task in the user message.
     pub instruction: String,
+    /// Optimizer steps on each generated batch (PPO-style reuse). Above 1
+    /// the policy-gradient term uses the clipped ratio with `clip_eps`.
+    pub ppo_epochs: usize,
+    pub clip_eps: f64,
+    /// Sequences per forward/backward pass; the gradients of a step's
+    /// micro-batches are accumulated (exactly: each term keeps the whole
+    /// batch's normalisation). 0 = the whole batch at once.
+    pub micro_batch: usize,
+    /// Start from the trainable weights of this checkpoint directory
+    /// (`runs/NAME/step-N`, e.g. of a `falcon sft` run); its LoRA settings
+    /// must match `[model.lora]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<PathBuf>,
+    /// Evaluate on `[eval]`'s tasks before the first step / after the last.
+    pub eval_before: bool,
+    pub eval_after: bool,
 }
 
 impl Default for TrainConfig {
@@ -1620,6 +1650,82 @@ impl Default for TrainConfig {
             checkpoint_every: 5,
             keep_last: 3,
             instruction: "Write a Python function for the task below. Answer with the complete code in one ```python block.".into(),
+            ppo_epochs: 1,
+            clip_eps: 0.2,
+            micro_batch: 0,
+            init_from: None,
+            eval_before: false,
+            eval_after: false,
+        }
+    }
+}
+
+/// `[eval]`: held-out evaluation, used by `falcon train` before and after
+/// training (`[train] eval_before` / `eval_after`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EvalConfig {
+    /// Task file; unset means `[tasks] path`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    pub format: TaskFormat,
+    /// Keep only tasks carrying at least one of these tags; empty keeps all.
+    pub tags: Vec<String>,
+    /// At most this many tasks (file order); 0 = all.
+    pub max_tasks: usize,
+    /// Samples per task.
+    pub n: usize,
+    /// The k of pass@k / exec@k; each must be <= n.
+    pub k: Vec<usize>,
+    /// 0 = greedy (with n = 1, the usual greedy pass@1).
+    pub temperature: f64,
+    pub top_p: f64,
+    /// Prompts per generation call.
+    pub batch_size: usize,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        EvalConfig {
+            path: None,
+            format: TaskFormat::Auto,
+            tags: Vec::new(),
+            max_tasks: 0,
+            n: 1,
+            k: vec![1],
+            temperature: 0.0,
+            top_p: 1.0,
+            batch_size: 32,
+        }
+    }
+}
+
+impl Section for EvalConfig {
+    fn validate_into(&self, path: &str, problems: &mut Problems) {
+        for (key, v) in [("n", self.n), ("batch_size", self.batch_size)] {
+            if v == 0 {
+                problems.push(&format!("{path}.{key}"), v, "must be >= 1");
+            }
+        }
+        if self.k.is_empty() {
+            problems.push(&format!("{path}.k"), "[]", "list at least one k");
+        }
+        for (i, &k) in self.k.iter().enumerate() {
+            if k == 0 || k > self.n {
+                problems.push(
+                    &format!("{path}.k[{i}]"),
+                    k,
+                    &format!("must be in 1..=n (n = {})", self.n),
+                );
+            }
+        }
+        check_sampler(path, self.temperature, self.top_p, problems);
+        if self.n > 1 && self.temperature == 0.0 {
+            problems.push(
+                &format!("{path}.temperature"),
+                self.temperature,
+                "n > 1 greedy samples would all be the same; set a temperature > 0",
+            );
         }
     }
 }
@@ -1631,6 +1737,7 @@ impl Section for TrainConfig {
             ("tasks_per_step", self.tasks_per_step as u64),
             ("group_size", self.group_size as u64),
             ("checkpoint_every", self.checkpoint_every),
+            ("ppo_epochs", self.ppo_epochs as u64),
         ] {
             if value == 0 {
                 problems.push(&format!("{path}.{key}"), value, "must be >= 1");
@@ -1645,9 +1752,26 @@ impl Section for TrainConfig {
             ("loss.pg", self.loss.pg),
             ("loss.fine", self.loss.fine),
             ("loss.sl", self.loss.sl),
+            ("loss.kl", self.loss.kl),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 problems.push(&format!("{path}.{key}"), v, "must be a finite number >= 0");
+            }
+        }
+        if !(self.clip_eps.is_finite() && self.clip_eps > 0.0 && self.clip_eps < 1.0) {
+            problems.push(
+                &format!("{path}.clip_eps"),
+                self.clip_eps,
+                "must be in (0, 1)",
+            );
+        }
+        if let Some(p) = &self.init_from {
+            if p.as_os_str().is_empty() {
+                problems.push(
+                    &format!("{path}.init_from"),
+                    p,
+                    "must not be empty; remove the key to leave it unset",
+                );
             }
         }
         if !(0.0..=1.0).contains(&self.min_lr_ratio) {

@@ -6,10 +6,12 @@
 //! import from the ones above it, never below.
 
 pub mod config;
+pub mod eval;
 pub mod exec;
 pub mod fsutil;
 pub mod memory;
 pub mod model;
 pub mod reward;
+pub mod rollout;
 pub mod task;
 pub mod train;

@@ -58,6 +58,13 @@ enum Cmd {
     Exec(ExecArgs),
     /// Train the policy with RL from execution feedback (the single-level loop).
     Train(TrainArgs),
+    /// Supervised fine-tuning on the task set's reference solutions (same
+    /// config, checkpoints and metrics as `train`; warm-starts an RL run
+    /// through `[train] init_from`).
+    Sft(TrainArgs),
+    /// Evaluate the config's model (or a checkpoint) on `[eval]`'s tasks:
+    /// pass@k / exec@k, per-task results, error kinds.
+    Eval(EvalArgs),
     /// Inspect, query, export or import a run's memory database.
     #[command(subcommand)]
     Memory(MemoryCmd),
@@ -292,6 +299,19 @@ struct ExportArgs {
     overwrite: bool,
 }
 
+#[derive(Args)]
+struct EvalArgs {
+    /// Run configuration: `[model]`, `[generation]`, `[tasks]`/`[eval]`, `[exec]`.
+    #[arg(long)]
+    config: PathBuf,
+    /// Evaluate this training checkpoint (`runs/NAME/step-N`) instead of `[model]`.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// Where the result JSON goes (default: print the summary only).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
 #[derive(Subcommand)]
 enum ConfigCmd {
     /// Parse and validate; print every problem with its key path.
@@ -329,6 +349,16 @@ fn load_policy(m: &ModelArgs) -> Result<Policy> {
         t0.elapsed().as_secs_f64()
     );
     Ok(policy)
+}
+
+/// The policy of a run config's `[model]` section.
+fn load_config_policy(cfg: &RunConfig) -> Result<Policy> {
+    load_policy(&ModelArgs {
+        model: cfg.model.path.clone(),
+        dtype: cfg.model.dtype.as_str().to_owned(),
+        device: cfg.model.device.clone(),
+        adapter: None,
+    })
 }
 
 fn read_prompts(args: &GenerateArgs) -> Result<Vec<String>> {
@@ -772,11 +802,36 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Tasks(t) => cmd_tasks(t),
         Cmd::Exec(a) => cmd_exec(a),
         Cmd::Memory(c) => cmd_memory(c),
-        Cmd::Train(a) => cmd_train(a),
+        Cmd::Train(a) => cmd_train(a, falcon_rl::train::rl::Mode::Rl),
+        Cmd::Sft(a) => cmd_train(a, falcon_rl::train::rl::Mode::Sft),
+        Cmd::Eval(a) => cmd_eval(a),
     }
 }
 
+/// libtorch's OpenMP threads spin between parallel regions by default. When
+/// another process holds a core (the sandbox, a build, a second job), the
+/// spinning threads fight it and decoding got 10-17x slower here (5.8 vs
+/// 98 tokens/s, batch 8). libgomp reads `OMP_WAIT_POLICY` when it is
+/// loaded, before `main`, so the variable is set and the binary re-executed
+/// once; a value the user set is left alone.
+fn passive_openmp() {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os("OMP_WAIT_POLICY").is_some() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let err = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env("OMP_WAIT_POLICY", "PASSIVE")
+        .exec();
+    // exec only returns on failure; carry on with the default policy.
+    eprintln!("falcon: could not re-execute with OMP_WAIT_POLICY=PASSIVE: {err}");
+}
+
 fn main() -> ExitCode {
+    passive_openmp();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -976,6 +1031,7 @@ fn cmd_memory(cmd: MemoryCmd) -> Result<()> {
 /// Progress for `falcon train`: a bar on a terminal, plain lines otherwise.
 struct TrainProgress {
     bar: Option<indicatif::ProgressBar>,
+    evals: Vec<(u64, falcon_rl::eval::EvalResult)>,
 }
 
 impl falcon_rl::train::rl::Observer for TrainProgress {
@@ -995,14 +1051,19 @@ impl falcon_rl::train::rl::Observer for TrainProgress {
 
     fn on_step(&mut self, r: &falcon_rl::train::rl::StepRecord) {
         let secs: f64 = r.seconds.values().sum();
-        let msg = format!(
-            "reward {:+.3} pass {:.0}% loss {:.4} {:.0} tok/s",
-            r.reward.get("total").copied().unwrap_or(f64::NAN),
-            100.0 * r.pass_rate,
-            r.loss.get("total").copied().unwrap_or(f64::NAN),
-            r.tokens_generated as f64
-                / r.seconds.get("generate").copied().unwrap_or(secs).max(1e-9)
-        );
+        let loss = r.loss.get("total").copied().unwrap_or(f64::NAN);
+        let msg = if r.samples == 0 {
+            // SFT: nothing generated, nothing scored.
+            format!("loss {loss:.4} lr {:.2e}", r.lr)
+        } else {
+            format!(
+                "reward {:+.3} pass {:.0}% loss {loss:.4} {:.0} tok/s",
+                r.reward.get("total").copied().unwrap_or(f64::NAN),
+                100.0 * r.pass_rate,
+                r.tokens_generated as f64
+                    / r.seconds.get("generate").copied().unwrap_or(secs).max(1e-9)
+            )
+        };
         match &self.bar {
             Some(b) => {
                 b.set_message(msg);
@@ -1010,6 +1071,27 @@ impl falcon_rl::train::rl::Observer for TrainProgress {
             }
             None => eprintln!("step {} {msg} ({secs:.1}s)", r.step + 1),
         }
+    }
+
+    fn on_eval(&mut self, step: u64, path: &std::path::Path, r: &falcon_rl::eval::EvalResult) {
+        let figures: Vec<String> = r
+            .pass_at
+            .iter()
+            .map(|(k, v)| format!("pass@{k} {:.1}%", 100.0 * v))
+            .chain(
+                r.exec_at
+                    .iter()
+                    .map(|(k, v)| format!("exec@{k} {:.1}%", 100.0 * v)),
+            )
+            .collect();
+        self.on_message(&format!(
+            "eval at step {step}: {} on {} tasks in {:.1}s ({})",
+            figures.join(", "),
+            r.tasks.len(),
+            r.seconds,
+            path.display()
+        ));
+        self.evals.push((step, r.clone()));
     }
 
     fn on_message(&mut self, m: &str) {
@@ -1020,7 +1102,34 @@ impl falcon_rl::train::rl::Observer for TrainProgress {
     }
 }
 
-fn cmd_train(args: TrainArgs) -> Result<()> {
+/// A config's task file filtered by tags (and cut to `max_tasks`), with a
+/// clear error when nothing is left.
+fn load_tagged_tasks(
+    path: &std::path::Path,
+    format: falcon_rl::config::TaskFormat,
+    skip_invalid: bool,
+    tags: &[String],
+    max_tasks: usize,
+    what: &str,
+) -> Result<TaskSet> {
+    let all = TaskSet::load(path, format, LoadOptions { skip_invalid })
+        .map_err(|e| UsageError(e.to_string()))?;
+    let mut set = all.with_any_tag(tags);
+    if max_tasks > 0 {
+        set.tasks.truncate(max_tasks);
+    }
+    if set.is_empty() {
+        return Err(UsageError(format!(
+            "{what}: no task of {} ({} in all) carries any of the tags {tags:?}",
+            path.display(),
+            all.len()
+        ))
+        .into());
+    }
+    Ok(set)
+}
+
+fn cmd_train(args: TrainArgs, mode: falcon_rl::train::rl::Mode) -> Result<()> {
     use falcon_rl::exec::Sandbox;
     use falcon_rl::train::rl::Trainer;
 
@@ -1033,27 +1142,39 @@ fn cmd_train(args: TrainArgs) -> Result<()> {
         ))
         .into());
     };
-    let tasks = TaskSet::load(
+    let tasks = load_tagged_tasks(
         task_path,
         cfg.tasks.format,
-        LoadOptions {
-            skip_invalid: cfg.tasks.skip_invalid,
-        },
-    )
-    .map_err(|e| UsageError(e.to_string()))?;
-    let mut policy = load_policy(&ModelArgs {
-        model: cfg.model.path.clone(),
-        dtype: cfg.model.dtype.as_str().to_owned(),
-        device: cfg.model.device.clone(),
-        adapter: None,
-    })?;
+        cfg.tasks.skip_invalid,
+        &cfg.tasks.tags,
+        0,
+        "[tasks]",
+    )?;
+    let eval_tasks = if cfg.train.eval_before || cfg.train.eval_after {
+        let path = cfg.eval.path.as_ref().unwrap_or(task_path);
+        Some(load_tagged_tasks(
+            path,
+            cfg.eval.format,
+            cfg.tasks.skip_invalid,
+            &cfg.eval.tags,
+            cfg.eval.max_tasks,
+            "[eval]",
+        )?)
+    } else {
+        None
+    };
+    let mut policy = load_config_policy(&cfg)?;
     falcon_rl::train::rl::prepare_policy(&cfg, &mut policy)?;
     let sandbox = Sandbox::new(&cfg.exec)?;
     let run_dir = cfg.run.output_dir.join(&cfg.run.name);
-    let mut progress = TrainProgress { bar: None };
+    let mut progress = TrainProgress {
+        bar: None,
+        evals: Vec::new(),
+    };
     let t0 = Instant::now();
     let mut trainer = Trainer::new(
         cfg.clone(),
+        mode,
         &run_dir,
         &mut policy,
         &tasks,
@@ -1061,10 +1182,14 @@ fn cmd_train(args: TrainArgs) -> Result<()> {
         args.resume,
         &mut progress,
     )?;
+    if let Some(e) = &eval_tasks {
+        trainer = trainer.with_eval_tasks(e);
+    }
     let records = trainer.run(&mut progress)?;
     if let Some(b) = &progress.bar {
         b.finish_and_clear();
     }
+    let steps = trainer.step();
     eprintln!(
         "falcon: {} steps in {:.1}s; metrics {}, samples {}, checkpoints {}/step-N",
         records.len(),
@@ -1073,5 +1198,103 @@ fn cmd_train(args: TrainArgs) -> Result<()> {
         run_dir.join("samples.jsonl").display(),
         run_dir.display()
     );
+    drop(trainer);
+    // Before and after, on the same held-out tasks: paired, so McNemar.
+    let before = progress.evals.iter().find(|(s, _)| *s == 0);
+    let after = progress
+        .evals
+        .iter()
+        .find(|(s, _)| *s == steps && steps > 0);
+    if let (Some((_, b)), Some((_, a))) = (before, after) {
+        let (only_after, only_before, p) = a.mcnemar_vs(b);
+        let k1 = |r: &falcon_rl::eval::EvalResult| 100.0 * r.pass(1).unwrap_or(f64::NAN);
+        eprintln!(
+            "falcon: held-out pass@1 {:.1}% -> {:.1}% ({} tasks; solved only after: {only_after}, only before: {only_before}; McNemar exact p = {p:.3})",
+            k1(b),
+            k1(a),
+            a.tasks.len()
+        );
+    }
     Ok(())
+}
+
+fn cmd_eval(args: EvalArgs) -> Result<()> {
+    use falcon_rl::eval::{evaluate, EvalSpec};
+    use falcon_rl::exec::Sandbox;
+
+    let cfg = RunConfig::from_file(&args.config).map_err(|e| UsageError(e.to_string()))?;
+    cfg.validate().map_err(|e| UsageError(e.to_string()))?;
+    let Some(path) = cfg.eval.path.as_ref().or(cfg.tasks.path.as_ref()) else {
+        return Err(UsageError(format!(
+            "{}: neither [eval] path nor [tasks] path is set",
+            args.config.display()
+        ))
+        .into());
+    };
+    let tasks = load_tagged_tasks(
+        path,
+        cfg.eval.format,
+        cfg.tasks.skip_invalid,
+        &cfg.eval.tags,
+        cfg.eval.max_tasks,
+        "[eval]",
+    )?;
+    let policy = match &args.checkpoint {
+        Some(dir) => falcon_rl::train::rl::policy_from_checkpoint(dir)?.1,
+        None => load_config_policy(&cfg)?,
+    };
+    let sandbox = Sandbox::new(&cfg.exec)?;
+    let spec = EvalSpec {
+        instruction: &cfg.train.instruction,
+        generation: &cfg.generation,
+        eval: &cfg.eval,
+        seed: cfg.generation.seed.unwrap_or(cfg.run.seed),
+    };
+    let list: Vec<&falcon_rl::task::Task> = tasks.iter().collect();
+    let bar = progress_bar(list.len() as u64 * cfg.eval.n as u64, "samples");
+    let result = evaluate(&policy, &list, &sandbox, &spec, &mut |done, _| {
+        if let Some(b) = &bar {
+            b.set_position(done as u64);
+        }
+    })?;
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    for (k, v) in &result.pass_at {
+        println!("pass@{k}\t{:.4}", v);
+    }
+    for (k, v) in &result.exec_at {
+        println!("exec@{k}\t{:.4}", v);
+    }
+    let kinds: Vec<String> = result
+        .outcomes
+        .iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    eprintln!(
+        "falcon: {} tasks x {} samples in {:.1}s; outcomes: {}",
+        result.tasks.len(),
+        result.samples_per_task,
+        result.seconds,
+        kinds.join(", ")
+    );
+    if let Some(out) = &args.out {
+        falcon_rl::fsutil::write_atomic(out, serde_json::to_string_pretty(&result)?.as_bytes())
+            .with_context(|| format!("writing {}", out.display()))?;
+        eprintln!("falcon: per-task results in {}", out.display());
+    }
+    Ok(())
+}
+
+/// A progress bar on stderr when it is a terminal; `None` otherwise.
+fn progress_bar(len: u64, unit: &str) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal().then(|| {
+        indicatif::ProgressBar::new(len).with_style(
+            indicatif::ProgressStyle::with_template(&format!(
+                "{{pos}}/{{len}} {unit} {{bar:30}} eta {{eta}}"
+            ))
+            .expect("static template"),
+        )
+    })
 }

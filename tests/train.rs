@@ -9,7 +9,7 @@ use falcon_rl::config::RunConfig;
 use falcon_rl::exec::Sandbox;
 use falcon_rl::model::{hub, Decoder, Dtype, Policy};
 use falcon_rl::task::{LoadOptions, TaskFormat, TaskSet};
-use falcon_rl::train::rl::{prepare_policy, trainable, Silent, StepRecord, Trainer};
+use falcon_rl::train::rl::{prepare_policy, trainable, Mode, Silent, StepRecord, Trainer};
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
 use crate::common::tmpdir;
@@ -59,9 +59,9 @@ pub fn tiny_chat_model(dir: &Path) {
         .unwrap();
 }
 
-const TASKS: &str = r#"{"id": "add", "prompt": "Write a function add(a, b) that returns a + b.", "entry_point": "add", "tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]}
-{"id": "double", "prompt": "Write a function double(x) that returns 2 * x.", "entry_point": "double", "tests": ["assert double(2) == 4"]}
-{"id": "first", "prompt": "Write a function first(xs) that returns the first element of a list.", "entry_point": "first", "tests": ["assert first([3, 4]) == 3"]}
+const TASKS: &str = r#"{"id": "add", "prompt": "Write a function add(a, b) that returns a + b.", "entry_point": "add", "tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"], "canonical_solution": "def add(a, b):\n    return a + b\n", "tags": ["train"]}
+{"id": "double", "prompt": "Write a function double(x) that returns 2 * x.", "entry_point": "double", "tests": ["assert double(2) == 4"], "canonical_solution": "def double(x):\n    return 2 * x\n", "tags": ["train"]}
+{"id": "first", "prompt": "Write a function first(xs) that returns the first element of a list.", "entry_point": "first", "tests": ["assert first([3, 4]) == 3"], "canonical_solution": "def first(xs):\n    return xs[0]\n", "tags": ["heldout"]}
 "#;
 
 fn config(dir: &Path, steps: u64, uid_base: u32) -> RunConfig {
@@ -116,8 +116,22 @@ fn setup(dir: &Path) {
 }
 
 fn run(dir: &Path, steps: u64, resume: bool, run_name: &str) -> Vec<StepRecord> {
+    run_with(dir, steps, resume, run_name, Mode::Rl, |_| {}).0
+}
+
+/// A run of `mode` with `tweak` applied to the config; also returns the
+/// trainable weights at the end.
+fn run_with(
+    dir: &Path,
+    steps: u64,
+    resume: bool,
+    run_name: &str,
+    mode: Mode,
+    tweak: impl FnOnce(&mut RunConfig),
+) -> (Vec<StepRecord>, Vec<(String, Tensor)>) {
     let mut cfg = config(dir, steps, 62410);
     cfg.run.name = run_name.into();
+    tweak(&mut cfg);
     let mut policy = Policy::load(&dir.join("model"), Dtype::Fp32, Device::Cpu).unwrap();
     prepare_policy(&cfg, &mut policy).unwrap();
     let tasks = TaskSet::load(
@@ -128,17 +142,25 @@ fn run(dir: &Path, steps: u64, resume: bool, run_name: &str) -> Vec<StepRecord> 
     .unwrap();
     let sandbox = Sandbox::new(&cfg.exec).unwrap();
     let run_dir = cfg.run.output_dir.join(run_name);
-    let mut t = Trainer::new(
-        cfg,
-        &run_dir,
-        &mut policy,
-        &tasks,
-        &sandbox,
-        resume,
-        &mut Silent,
-    )
-    .unwrap();
-    t.run(&mut Silent).unwrap()
+    let records = {
+        let mut t = Trainer::new(
+            cfg,
+            mode,
+            &run_dir,
+            &mut policy,
+            &tasks,
+            &sandbox,
+            resume,
+            &mut Silent,
+        )
+        .unwrap();
+        t.run(&mut Silent).unwrap()
+    };
+    let weights = trainable(&policy)
+        .into_iter()
+        .map(|(n, t)| (n, t.detach().copy()))
+        .collect();
+    (records, weights)
 }
 
 fn read_metrics(path: &Path) -> Vec<StepRecord> {
@@ -173,6 +195,7 @@ fn smoke_train_changes_only_trainable_weights() {
     let records = {
         let mut t = Trainer::new(
             cfg.clone(),
+            Mode::Rl,
             &run_dir,
             &mut policy,
             &tasks,
@@ -276,6 +299,10 @@ fn falcon_train_runs_and_resumes_from_a_config_file() {
         let mut cfg = config(dir.path(), steps, 62420);
         cfg.run.name = "cli".into();
         cfg.train.checkpoint_every = 1;
+        cfg.tasks.tags = vec!["train".into()];
+        cfg.eval.tags = vec!["heldout".into()];
+        cfg.train.eval_before = true;
+        cfg.train.eval_after = true;
         std::fs::write(&cfg_path, toml::to_string(&cfg).unwrap()).unwrap();
     };
     let falcon = |extra: &[&str]| {
@@ -293,6 +320,18 @@ fn falcon_train_runs_and_resumes_from_a_config_file() {
         err.contains("1 steps") && err.contains("metrics.jsonl"),
         "{err}"
     );
+    // Held-out evaluation before and after, on the "heldout" task only.
+    assert!(
+        err.contains("held-out pass@1") && err.contains("1 tasks"),
+        "{err}"
+    );
+    let ev: falcon_rl::eval::EvalResult = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("runs/cli/eval/step-0.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(ev.tasks.len(), 1);
+    assert_eq!(ev.tasks[0].id, "first");
+    assert!(dir.path().join("runs/cli/eval/step-1.json").is_file());
     write(2);
     let o = falcon(&["--resume"]);
     let err = String::from_utf8_lossy(&o.stderr);
@@ -303,6 +342,7 @@ fn falcon_train_runs_and_resumes_from_a_config_file() {
     );
     let m = read_metrics(&dir.path().join("runs/cli/metrics.jsonl"));
     assert_eq!(m.iter().map(|r| r.step).collect::<Vec<_>>(), [0, 1]);
+    assert!(dir.path().join("runs/cli/eval/step-2.json").is_file());
     // Any checkpoint exports as a merged HF directory and a PEFT adapter.
     let out = dir.path().join("exported");
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_falcon"))
@@ -333,4 +373,234 @@ fn falcon_train_runs_and_resumes_from_a_config_file() {
     let o = falcon(&[]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("[tasks] path"));
+}
+
+fn close(a: f64, b: f64, rel: f64) -> bool {
+    // Summation order differs between the splits: relative, with a floor.
+    (a - b).abs() <= rel * a.abs().max(b.abs()) + 1e-6
+}
+
+#[test]
+fn micro_batches_accumulate_to_the_whole_batch() {
+    let dir = tmpdir();
+    setup(dir.path());
+    // sl > 0 and sequence-mean normalisation too, so every normaliser is used.
+    let tweak = |micro: usize| {
+        move |c: &mut RunConfig| {
+            c.train.micro_batch = micro;
+            // Dropout masks depend on the micro-batch shapes.
+            c.model.lora.dropout = 0.0;
+            c.train.loss.sl = 0.5;
+            c.train.advantage = falcon_rl::train::advantage::AdvantageKind::GroupMean;
+        }
+    };
+    let (whole, w_whole) = run_with(dir.path(), 2, false, "whole", Mode::Rl, tweak(0));
+    let (micro, w_micro) = run_with(dir.path(), 2, false, "micro", Mode::Rl, tweak(4));
+    let (ones, _) = run_with(dir.path(), 2, false, "ones", Mode::Rl, tweak(1));
+    for (a, b) in whole.iter().zip(&micro).chain(whole.iter().zip(&ones)) {
+        assert_eq!(
+            a.loss.keys().collect::<Vec<_>>(),
+            b.loss.keys().collect::<Vec<_>>()
+        );
+        for (k, v) in &a.loss {
+            assert!(
+                close(*v, b.loss[k], 1e-4),
+                "step {} {k}: {v} vs {}",
+                a.step,
+                b.loss[k]
+            );
+        }
+        assert!(
+            close(a.grad_norm, b.grad_norm, 1e-4),
+            "{} vs {}",
+            a.grad_norm,
+            b.grad_norm
+        );
+        assert_eq!(a.reward, b.reward);
+    }
+    for ((n, a), (_, b)) in w_whole.iter().zip(&w_micro) {
+        assert!(
+            a.allclose(b, 1e-5, 1e-6, false),
+            "{n} differs after 2 steps"
+        );
+    }
+}
+
+#[test]
+fn ppo_epochs_log_the_on_policy_step_and_take_more_updates() {
+    let dir = tmpdir();
+    setup(dir.path());
+    let (one, w_one) = run_with(dir.path(), 1, false, "one", Mode::Rl, |_| {});
+    let (two, w_two) = run_with(dir.path(), 1, false, "two", Mode::Rl, |c| {
+        c.train.ppo_epochs = 2
+    });
+    // The first epoch is on-policy (ratio 1): clipping cannot change it.
+    assert_eq!(one[0].loss, two[0].loss);
+    assert_eq!(one[0].grad_norm, two[0].grad_norm);
+    let moved = w_one.iter().zip(&w_two).any(|((_, a), (_, b))| !a.equal(b));
+    assert!(moved, "a second epoch took a second optimizer step");
+}
+
+#[test]
+fn kl_to_the_base_model_starts_at_zero_and_grows() {
+    let dir = tmpdir();
+    setup(dir.path());
+    let (rec, _) = run_with(dir.path(), 3, false, "kl", Mode::Rl, |c| {
+        c.train.loss.kl = 0.1
+    });
+    // LoRA's B starts at zero, so the policy is the reference at step 0.
+    assert!(rec[0].loss["kl"].abs() < 1e-6, "{:?}", rec[0].loss);
+    assert!(rec[2].loss["kl"] > 1e-6, "{:?}", rec[2].loss);
+    let (plain, _) = run_with(dir.path(), 1, false, "plain", Mode::Rl, |_| {});
+    assert!(
+        !plain[0].loss.contains_key("kl"),
+        "no reference forward when kl = 0"
+    );
+}
+
+#[test]
+fn sft_fits_reference_solutions_and_warm_starts_rl() {
+    let dir = tmpdir();
+    setup(dir.path());
+    let train_only = |c: &mut RunConfig| {
+        c.tasks.path = Some(dir.path().join("train-tasks.jsonl"));
+        c.train.tasks_per_step = 2;
+        c.train.lr = 0.05;
+    };
+    let all = TaskSet::load(
+        &dir.path().join("tasks.jsonl"),
+        TaskFormat::Auto,
+        LoadOptions::default(),
+    )
+    .unwrap();
+    all.with_any_tag(&["train".to_string()])
+        .write_jsonl(&dir.path().join("train-tasks.jsonl"))
+        .unwrap();
+    let (rec, w_sft) = run_with(dir.path(), 6, false, "sft", Mode::Sft, train_only);
+    assert!(rec
+        .iter()
+        .all(|r| r.samples == 0 && r.loss["sl"].is_finite()));
+    // Both tasks each step: the same two examples, so without learning the
+    // loss would repeat exactly.
+    assert!(
+        rec[5].loss["sl"] < 0.97 * rec[0].loss["sl"],
+        "{} -> {}",
+        rec[0].loss["sl"],
+        rec[5].loss["sl"]
+    );
+    // An RL run that starts from the SFT checkpoint has its weights before step 0.
+    let ckpt = dir.path().join("runs/sft/step-6");
+    let (_, w_rl) = run_with(dir.path(), 1, false, "rl", Mode::Rl, |c| {
+        c.train.init_from = Some(ckpt.clone());
+        c.train.lr = 1e-12;
+    });
+    for ((n, a), (_, b)) in w_sft.iter().zip(&w_rl) {
+        assert!(
+            a.allclose(b, 1e-6, 1e-6, false),
+            "{n} not loaded from the SFT checkpoint"
+        );
+    }
+    // An SFT checkpoint does not resume as RL.
+    let mut cfg = config(dir.path(), 7, 62410);
+    cfg.run.name = "sft".into();
+    let mut policy = Policy::load(&dir.path().join("model"), Dtype::Fp32, Device::Cpu).unwrap();
+    prepare_policy(&cfg, &mut policy).unwrap();
+    let sandbox = Sandbox::new(&cfg.exec).unwrap();
+    let run_dir = cfg.run.output_dir.join("sft");
+    let err = Trainer::new(
+        cfg,
+        Mode::Rl,
+        &run_dir,
+        &mut policy,
+        &all,
+        &sandbox,
+        true,
+        &mut Silent,
+    )
+    .err()
+    .expect("mode mismatch refused")
+    .to_string();
+    assert!(err.contains("cannot resume"), "{err}");
+}
+
+#[test]
+fn sft_examples_end_with_the_end_of_turn_token() {
+    let dir = tmpdir();
+    tiny_chat_model(&dir.path().join("model"));
+    let policy = Policy::load(&dir.path().join("model"), Dtype::Fp32, Device::Cpu).unwrap();
+    let (p, a) = falcon_rl::train::rl::sft_example(&policy, "Say hi.", "hi").unwrap();
+    let params = falcon_rl::model::GenerationParams {
+        chat: true,
+        ..Default::default()
+    };
+    assert_eq!(
+        p,
+        policy.encode_prompts(&["Say hi.".into()], &params).unwrap()[0]
+    );
+    let tok = policy.tokenizer().unwrap();
+    assert_eq!(tok.decode(&a, false).unwrap(), "hi<|im_end|>");
+    assert!(tok.eos_ids().contains(a.last().unwrap()));
+}
+
+#[test]
+fn finished_rows_leave_the_batch_without_changing_the_others() {
+    let dir = tmpdir();
+    tiny_chat_model(&dir.path().join("model"));
+    let policy = Policy::load(&dir.path().join("model"), Dtype::Fp32, Device::Cpu).unwrap();
+    let params = |stop: Vec<String>| falcon_rl::model::GenerationParams {
+        max_new_tokens: 20,
+        stop,
+        chat: true,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    use falcon_rl::model::Generator;
+    let candidates = [
+        "Write add.",
+        "Write a sort function in Python.",
+        "What is 2 + 2?",
+        "Reverse a string.",
+        "Name three colours.",
+    ];
+    let alone: Vec<_> = candidates
+        .iter()
+        .map(|p| {
+            policy
+                .generate(&[p.to_string()], &params(vec![]))
+                .unwrap()
+                .remove(0)
+        })
+        .collect();
+    // Two prompts and a stop string: the shortest prefix of the first one's
+    // text that the second one's text never contains, so the first row stops
+    // early and the second runs on alone in a compacted batch.
+    let mut found = None;
+    'search: for i in 0..candidates.len() {
+        for j in 0..candidates.len() {
+            let (a, b) = (&alone[i].text, &alone[j].text);
+            if i == j || a.is_empty() {
+                continue;
+            }
+            let ends: Vec<usize> = a.char_indices().map(|(k, c)| k + c.len_utf8()).collect();
+            for &end in ends.iter().take(a.chars().count() / 2) {
+                let stop = &a[..end];
+                if !stop.trim().is_empty() && !b.contains(stop) {
+                    found = Some((i, j, stop.to_string()));
+                    break 'search;
+                }
+            }
+        }
+    }
+    let (i, j, stop) = found.expect("two distinct greedy texts");
+    let prompts = vec![candidates[i].to_string(), candidates[j].to_string()];
+    let batch = policy.generate(&prompts, &params(vec![stop])).unwrap();
+    assert!(matches!(
+        batch[0].finish,
+        falcon_rl::model::FinishReason::Stop(_)
+    ));
+    assert!(batch[0].token_ids.len() < alone[i].token_ids.len());
+    assert_eq!(batch[1].token_ids, alone[j].token_ids);
+    for (a, b) in batch[1].logprobs.iter().zip(&alone[j].logprobs) {
+        assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+    }
 }

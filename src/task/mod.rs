@@ -276,6 +276,23 @@ impl TaskSet {
         self.tasks.iter().find(|t| t.id == id)
     }
 
+    /// The tasks that carry at least one of `tags` (all tasks when `tags`
+    /// is empty), in file order.
+    pub fn with_any_tag(&self, tags: &[String]) -> TaskSet {
+        if tags.is_empty() {
+            return self.clone();
+        }
+        TaskSet {
+            tasks: self
+                .tasks
+                .iter()
+                .filter(|t| t.tags.iter().any(|x| tags.contains(x)))
+                .cloned()
+                .collect(),
+            skipped: self.skipped.clone(),
+        }
+    }
+
     /// Iterates over the tasks in file order.
     pub fn iter(&self) -> std::slice::Iter<'_, Task> {
         self.tasks.iter()

@@ -206,9 +206,8 @@ pub fn fine_grained_loss(
         }
     }
 
-    // R_fine per position (summed over overlapping spans) and the term count.
+    // R_fine per position (summed over overlapping spans).
     let mut weight = vec![0f32; (b * t) as usize];
-    let mut n_terms = 0usize;
     for (row, (row_spans, &offset)) in spans.iter().zip(completion_offset).enumerate() {
         for span in row_spans {
             let start = clip_column(offset, span.start_token, t);
@@ -216,9 +215,9 @@ pub fn fine_grained_loss(
             for col in start..end {
                 weight[row * t as usize + col] += span.reward as f32;
             }
-            n_terms += end.saturating_sub(start);
         }
     }
+    let n_terms = fine_grained_terms(spans, completion_offset, t);
     let weight = Tensor::from_slice(&weight)
         .view([b, t])
         .to_device(logprobs.device());
@@ -226,6 +225,25 @@ pub fn fine_grained_loss(
     // Masked before multiplying, so a -inf log-prob off the spans stays harmless.
     let terms = (logprobs.masked_fill(&on_span.logical_not(), 0.0) * weight).sum(Kind::Float);
     Ok(-(terms / n_terms.max(1) as f64))
+}
+
+/// The number of (span, token) terms [`fine_grained_loss`] divides by, for
+/// `T = t` columns: what a caller splitting a batch into micro-batches needs
+/// to keep the whole batch's normalisation.
+pub fn fine_grained_terms(spans: &[Vec<TokenSpan>], completion_offset: &[i64], t: i64) -> usize {
+    spans
+        .iter()
+        .zip(completion_offset)
+        .flat_map(|(row, &offset)| {
+            row.iter().map(move |span| {
+                clip_column(offset, span.end_token, t).saturating_sub(clip_column(
+                    offset,
+                    span.start_token,
+                    t,
+                ))
+            })
+        })
+        .sum()
 }
 
 /// Column of completion token `j` for a completion starting at `offset`,

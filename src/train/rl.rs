@@ -14,22 +14,26 @@ use tch::{Device, Kind, Tensor};
 
 use super::advantage::advantages;
 use super::checkpoint::{self, CheckpointError};
-use super::losses::{fine_grained_loss, pg_loss, sl_loss, token_logprobs, total_loss, PgBatch};
+use super::losses::{
+    fine_grained_loss, kl_penalty, pg_loss, sl_loss, token_logprobs, total_loss, Normalization,
+    PgBatch,
+};
 use super::metrics::{truncate_after_step, EventWriter, JsonlWriter, MetricsError};
 use super::optim::{
     clip_grad_norm, zero_grad, AdamW, AdamWConfig, LrSchedule, OptimError, Optimizer, Sgd,
     SgdConfig,
 };
 use crate::config::{OptimizerKind, RunConfig};
+use crate::eval::{evaluate, EvalResult, EvalSpec};
 use crate::exec::{ExecReport, RewardClass, Sandbox};
 use crate::fsutil::WriteError;
 use crate::memory::stats::ErrorStats;
-use crate::model::sampling::Sampler;
-use crate::model::{weights, GenerationParams, Generator, ModelError, Policy};
+use crate::model::{weights, ChatMessage, Generator, ModelError, Policy};
 use crate::reward::{
     code_in_completion, composite, error_line_spans, judge_from_config,
     offsets_by_incremental_decode, r_coarse, Aspect, Judge, SampleSignals, TokenSpan,
 };
+use crate::rollout::{generation_params, task_prompt};
 use crate::task::{Task, TaskSet};
 
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +67,22 @@ struct TrainerState {
     step: u64,
     seed: u64,
     error_stats: ErrorStats,
+    /// `rl` or `sft`; a checkpoint resumes only in its own mode.
+    #[serde(default = "rl_mode")]
+    mode: Mode,
+}
+
+fn rl_mode() -> Mode {
+    Mode::Rl
+}
+
+/// What a step does: the RL recipe, or supervised fine-tuning on the task
+/// set's reference solutions (`falcon sft`; same checkpoints and metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Rl,
+    Sft,
 }
 
 /// One step's figures, as written to `metrics.jsonl` and shown by observers.
@@ -116,6 +136,8 @@ pub trait Observer {
     fn on_start(&mut self, _first_step: u64, _steps: u64) {}
     fn on_step(&mut self, _record: &StepRecord) {}
     fn on_message(&mut self, _message: &str) {}
+    /// An evaluation finished (written to `path`).
+    fn on_eval(&mut self, _step: u64, _path: &Path, _result: &EvalResult) {}
 }
 
 /// An observer that ignores everything.
@@ -146,20 +168,6 @@ fn tasks_for_step(n: usize, per_step: usize, seed: u64, step: u64) -> Vec<usize>
     (start..start + per_step as u64)
         .map(|k| perm(k / n as u64)[(k % n as u64) as usize])
         .collect()
-}
-
-/// The user message for a task. MBPP-style statements do not name the
-/// function the tests call, so the name is added when the prompt lacks it
-/// (without showing any test).
-pub fn task_prompt(instruction: &str, task: &Task) -> String {
-    let mut p = format!("{instruction}\n\n{}", task.prompt.trim_end());
-    if !task.entry_point.is_empty() && !task.prompt.contains(&task.entry_point) {
-        p.push_str(&format!(
-            "\nThe function must be named `{}`.",
-            task.entry_point
-        ));
-    }
-    p
 }
 
 /// Attach the config's LoRA adapters (when enabled) with their random
@@ -238,14 +246,18 @@ pub struct Trainer<'a> {
     error_stats: ErrorStats,
     judge: Box<dyn Judge>,
     step: u64,
+    mode: Mode,
+    eval_tasks: Option<&'a TaskSet>,
 }
 
 impl<'a> Trainer<'a> {
     /// Set up a run in `run_dir`. With `resume`, the newest checkpoint that
     /// verifies is loaded (a damaged newer one is skipped with a message)
     /// and `metrics.jsonl` is cut back to it.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         cfg: RunConfig,
+        mode: Mode,
         run_dir: &Path,
         policy: &'a mut Policy,
         tasks: &'a TaskSet,
@@ -255,6 +267,22 @@ impl<'a> Trainer<'a> {
     ) -> Result<Self, TrainError> {
         if tasks.is_empty() {
             return Err(TrainError::Invalid("the task set is empty".into()));
+        }
+        if mode == Mode::Sft {
+            if let Some(t) = tasks.iter().find(|t| t.canonical_solution.is_none()) {
+                return Err(TrainError::Invalid(format!(
+                    "SFT trains on reference solutions, and task {} has none (keep only tasks \
+                     with `canonical_solution`, e.g. by [tasks] tags)",
+                    t.id
+                )));
+            }
+        }
+        if cfg.train.loss.kl > 0.0 && policy.lora.is_none() {
+            return Err(TrainError::Invalid(
+                "[train.loss] kl > 0 needs LoRA: the reference policy is the base model with \
+                 the adapters switched off (a frozen full copy is not supported yet)"
+                    .into(),
+            ));
         }
         let t = &cfg.train;
         let optimizer: Box<dyn Optimizer> = match t.optimizer {
@@ -298,6 +326,8 @@ impl<'a> Trainer<'a> {
             error_stats,
             judge,
             step: 0,
+            mode,
+            eval_tasks: None,
         };
         for gone in checkpoint::remove_leftovers(run_dir) {
             observer.on_message(&format!(
@@ -320,6 +350,13 @@ impl<'a> Trainer<'a> {
                     observer.on_message(&format!("resumed from {} (step {step})", dir.display()));
                 }
                 None => observer.on_message("no checkpoint to resume from; starting at step 0"),
+            }
+        }
+        if me.step == 0 {
+            if let Some(init) = me.cfg.train.init_from.clone() {
+                checkpoint::verify(&init)?;
+                load_trainable(me.policy, &init.join(WEIGHTS_FILE))?;
+                observer.on_message(&format!("initial weights from {}", init.display()));
             }
         }
         // Lines after the resumed step belong to the lost future.
@@ -350,6 +387,16 @@ impl<'a> Trainer<'a> {
                 self.cfg.run.seed
             )));
         }
+        if st.mode != self.mode {
+            return Err(TrainError::Invalid(format!(
+                "{}: a {:?} checkpoint cannot resume a {:?} run; start the new run under its own \
+                 name with [train] init_from = \"{}\"",
+                spath.display(),
+                st.mode,
+                self.mode,
+                dir.display()
+            )));
+        }
         self.step = st.step;
         self.error_stats = st.error_stats;
         Ok(())
@@ -362,6 +409,7 @@ impl<'a> Trainer<'a> {
             step: self.step,
             seed: self.cfg.run.seed,
             error_stats: self.error_stats.clone(),
+            mode: self.mode,
         };
         let cfg_text =
             toml::to_string(&self.cfg).map_err(|e| TrainError::Invalid(format!("config: {e}")))?;
@@ -384,15 +432,21 @@ impl<'a> Trainer<'a> {
     /// Run the remaining steps.
     pub fn run(&mut self, observer: &mut dyn Observer) -> Result<Vec<StepRecord>, TrainError> {
         let steps = self.cfg.train.steps;
-        observer.on_start(self.step, steps);
-        let mut metrics = JsonlWriter::open(&self.run_dir.join("metrics.jsonl"))?;
-        let mut samples_log = JsonlWriter::open(&self.run_dir.join("samples.jsonl"))?;
         // A new event file per session: TensorBoard drops points whose step
         // went backwards, so a resumed run needs no trimming here.
         let mut events = EventWriter::create(&self.run_dir.join("tb"))?;
+        if self.cfg.train.eval_before && self.step == 0 {
+            self.evaluate_into(&mut events, observer)?;
+        }
+        observer.on_start(self.step, steps);
+        let mut metrics = JsonlWriter::open(&self.run_dir.join("metrics.jsonl"))?;
+        let mut samples_log = JsonlWriter::open(&self.run_dir.join("samples.jsonl"))?;
         let mut out = Vec::new();
         while self.step < steps {
-            let rec = self.one_step(&mut samples_log)?;
+            let rec = match self.mode {
+                Mode::Rl => self.one_step(&mut samples_log)?,
+                Mode::Sft => self.sft_step()?,
+            };
             metrics.write(&rec)?;
             events.scalars(
                 rec.step as i64,
@@ -411,7 +465,140 @@ impl<'a> Trainer<'a> {
                 observer.on_message(&format!("checkpoint {}", d.display()));
             }
         }
+        if self.cfg.train.eval_after && !self.eval_path(self.step).exists() {
+            self.evaluate_into(&mut events, observer)?;
+        }
         Ok(out)
+    }
+
+    /// `eval/step-N.json` of this run.
+    pub fn eval_path(&self, step: u64) -> PathBuf {
+        self.run_dir.join("eval").join(format!("step-{step}.json"))
+    }
+
+    /// Evaluate the policy as it is now on `[eval]`'s tasks (set with
+    /// [`Trainer::with_eval_tasks`]), write `eval/step-N.json` and the
+    /// `eval/*` scalars, and hand the result to the observer.
+    fn evaluate_into(
+        &mut self,
+        events: &mut EventWriter,
+        observer: &mut dyn Observer,
+    ) -> Result<(), TrainError> {
+        let Some(tasks) = self.eval_tasks else {
+            return Err(TrainError::Invalid(
+                "[train] eval_before / eval_after need [eval] tasks".into(),
+            ));
+        };
+        let tasks: Vec<&Task> = tasks.iter().collect();
+        let spec = EvalSpec {
+            instruction: &self.cfg.train.instruction,
+            generation: &self.cfg.generation,
+            eval: &self.cfg.eval,
+            // One seed for every evaluation of the run, so before and after
+            // see the same sampler noise.
+            seed: mix(self.cfg.run.seed, u64::MAX - 1),
+        };
+        observer.on_message(&format!(
+            "evaluating step {} on {} tasks ({} samples each)",
+            self.step,
+            tasks.len(),
+            self.cfg.eval.n
+        ));
+        let result = evaluate(&*self.policy, &tasks, self.sandbox, &spec, &mut |_, _| {})
+            .map_err(|e| TrainError::Invalid(format!("evaluation: {e}")))?;
+        let path = self.eval_path(self.step);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.display())))?;
+        }
+        crate::fsutil::write_atomic(
+            &path,
+            serde_json::to_string_pretty(&result)
+                .expect("eval result serialises")
+                .as_bytes(),
+        )?;
+        let mut scalars: Vec<(String, f32)> = Vec::new();
+        for (k, v) in &result.pass_at {
+            scalars.push((format!("eval/pass@{k}"), *v as f32));
+        }
+        for (k, v) in &result.exec_at {
+            scalars.push((format!("eval/exec@{k}"), *v as f32));
+        }
+        events.scalars(
+            self.step as i64,
+            &scalars
+                .iter()
+                .map(|(k, v)| (k.as_str(), *v))
+                .collect::<Vec<_>>(),
+        )?;
+        events.flush()?;
+        observer.on_eval(self.step, &path, &result);
+        Ok(())
+    }
+
+    /// The held-out tasks of `eval_before` / `eval_after`.
+    pub fn with_eval_tasks(mut self, tasks: &'a TaskSet) -> Self {
+        self.eval_tasks = Some(tasks);
+        self
+    }
+
+    /// One SFT step: cross-entropy on the reference solutions of
+    /// `tasks_per_step` tasks, each answer formatted as the RL prompts ask
+    /// (one ```python block) and closed by the chat template's end of turn.
+    fn sft_step(&mut self) -> Result<StepRecord, TrainError> {
+        let t = self.cfg.train.clone();
+        let seed = mix(self.cfg.run.seed, self.step);
+        tch::manual_seed(seed as i64);
+        let picked = tasks_for_step(
+            self.tasks.len(),
+            t.tasks_per_step,
+            self.cfg.run.seed,
+            self.step,
+        );
+        let t0 = Instant::now();
+        let mut examples: Vec<(Vec<i64>, Vec<i64>)> = Vec::with_capacity(picked.len());
+        for &i in &picked {
+            let task = &self.tasks.iter().as_slice()[i];
+            let solution = task.canonical_solution.as_deref().unwrap_or_default();
+            examples.push(sft_example(
+                self.policy,
+                &task_prompt(&t.instruction, task),
+                &format!("```python\n{}\n```", solution.trim_end()),
+            )?);
+        }
+        let seqs: Vec<UpdateSeq> = examples
+            .iter()
+            .map(|(p, c)| UpdateSeq {
+                prompt_ids: p,
+                completion_ids: c,
+                advantage: 0.0,
+                passed: true,
+                spans: &[],
+            })
+            .collect();
+        let lr = self.schedule.lr_at(self.step);
+        let weights = crate::config::LossWeights {
+            pg: 0.0,
+            fine: 0.0,
+            sl: 1.0,
+            kl: 0.0,
+        };
+        let (loss, grad_norm) = self.update(&seqs, lr, &weights)?;
+        let mut seconds = BTreeMap::new();
+        seconds.insert("update".to_owned(), t0.elapsed().as_secs_f64());
+        Ok(StepRecord {
+            step: self.step,
+            lr,
+            loss,
+            reward: BTreeMap::new(),
+            pass_rate: 0.0,
+            samples: 0,
+            no_signal: 0,
+            error_kinds: BTreeMap::new(),
+            grad_norm,
+            tokens_generated: 0,
+            seconds,
+        })
     }
 
     fn one_step(&mut self, samples_log: &mut JsonlWriter) -> Result<StepRecord, TrainError> {
@@ -436,20 +623,7 @@ impl<'a> Trainer<'a> {
                 prompts.push(task_prompt(&t.instruction, task));
             }
         }
-        let gen = &self.cfg.generation;
-        let params = GenerationParams {
-            max_new_tokens: gen.max_new_tokens,
-            sampler: Sampler {
-                temperature: gen.temperature,
-                top_k: gen.top_k as i64,
-                top_p: gen.top_p,
-            },
-            seed: Some(seed),
-            stop: gen.stop.clone(),
-            chat: true,
-            system: None,
-            ignore_eos: false,
-        };
+        let params = generation_params(&self.cfg.generation, seed);
         let mut seconds = BTreeMap::new();
         let t0 = Instant::now();
         let comps = self.policy.generate(&prompts, &params)?;
@@ -524,84 +698,23 @@ impl<'a> Trainer<'a> {
 
         // ---- update
         let t0 = Instant::now();
-        let device = self.policy.device();
-        let lens: Vec<(usize, usize)> = comps
+        let passed_flags: Vec<bool> = reports
             .iter()
-            .map(|c| (c.prompt_ids.len(), c.token_ids.len()))
+            .map(|r| r.outcome == Some(RewardClass::Pass))
             .collect();
-        let tmax = lens.iter().map(|(p, c)| p + c).max().unwrap_or(1).max(2);
-        let b = comps.len();
-        let mut ids = vec![0i64; b * tmax];
-        let mut valid = vec![false; b * tmax];
-        // mask[b, j] marks the prediction of token j+1 when it is a completion token.
-        let mut mask = vec![false; b * (tmax - 1)];
-        let mut sl_mask = vec![false; b * (tmax - 1)];
-        for (i, c) in comps.iter().enumerate() {
-            let (p, n) = lens[i];
-            for (j, &id) in c.prompt_ids.iter().chain(c.token_ids.iter()).enumerate() {
-                ids[i * tmax + j] = id;
-                valid[i * tmax + j] = true;
-            }
-            let passed = reports[i].outcome == Some(RewardClass::Pass);
-            for j in p.saturating_sub(1)..(p + n).saturating_sub(1) {
-                mask[i * (tmax - 1) + j] = true;
-                sl_mask[i * (tmax - 1) + j] = passed;
-            }
-        }
-        let ids = Tensor::from_slice(&ids)
-            .view([b as i64, tmax as i64])
-            .to_device(device);
-        let valid_t = Tensor::from_slice(&valid)
-            .view([b as i64, tmax as i64])
-            .to_device(device);
-        let mask_t = Tensor::from_slice(&mask)
-            .view([b as i64, tmax as i64 - 1])
-            .to_device(device);
-        let sl_mask_t = Tensor::from_slice(&sl_mask)
-            .view([b as i64, tmax as i64 - 1])
-            .to_device(device);
-        let adv_t = Tensor::from_slice(&adv)
-            .to_kind(Kind::Float)
-            .to_device(device);
-        let logits = self.policy.model.forward(
-            &ids,
-            Some(&valid_t),
-            None,
-            crate::model::LogitsFor::All,
-            true,
-        )?;
-        let logp = token_logprobs(
-            &logits.narrow(1, 0, tmax as i64 - 1),
-            &ids.narrow(1, 1, tmax as i64 - 1),
-        );
-        drop(logits);
-        let batch = PgBatch {
-            old_logprobs: logp.detach(),
-            logprobs: logp.shallow_clone(),
-            ref_logprobs: None,
-            mask: mask_t,
-            advantages: adv_t,
-        };
-        let pg = pg_loss(&batch, None, t.normalization);
-        let offsets: Vec<i64> = lens.iter().map(|(p, _)| *p as i64 - 1).collect();
-        let fine = fine_grained_loss(&logp, &spans, &offsets)
-            .map_err(|e| TrainError::Invalid(e.to_string()))?;
-        let sl = sl_loss(&logp, &sl_mask_t);
-        let (total, mut loss) = total_loss(&[
-            ("pg", pg, t.loss.pg),
-            ("fine", fine, t.loss.fine),
-            ("sl", sl, t.loss.sl),
-        ]);
-        loss.insert("total".to_owned(), total.double_value(&[]));
-        let params = trainable(self.policy);
-        zero_grad(&params);
-        total.backward();
-        let grad_norm = clip_grad_norm(&params, t.grad_clip);
+        let seqs: Vec<UpdateSeq> = comps
+            .iter()
+            .enumerate()
+            .map(|(i, c)| UpdateSeq {
+                prompt_ids: &c.prompt_ids,
+                completion_ids: &c.token_ids,
+                advantage: adv[i],
+                passed: passed_flags[i],
+                spans: &spans[i],
+            })
+            .collect();
         let lr = self.schedule.lr_at(self.step);
-        if grad_norm.is_finite() {
-            self.optimizer.step(&params, lr)?;
-        }
-        zero_grad(&params);
+        let (loss, grad_norm) = self.update(&seqs, lr, &t.loss)?;
         seconds.insert("update".to_owned(), t0.elapsed().as_secs_f64());
 
         // ---- metrics
@@ -660,6 +773,257 @@ impl<'a> Trainer<'a> {
     }
 }
 
+/// Token ids of one SFT example: the prompt exactly as generation sees it
+/// (chat template with the generation prompt), and the answer as the
+/// template renders an assistant turn after it, end-of-turn included. A
+/// template whose full rendering does not extend the prompt's gets the
+/// answer followed by the first end-of-sequence id.
+pub fn sft_example(
+    policy: &Policy,
+    prompt: &str,
+    answer: &str,
+) -> Result<(Vec<i64>, Vec<i64>), TrainError> {
+    let tok = policy.tokenizer()?;
+    let user = [ChatMessage::new("user", prompt)];
+    let head = tok.apply_chat_template(&user, true)?;
+    let full = tok.apply_chat_template(
+        &[user[0].clone(), ChatMessage::new("assistant", answer)],
+        false,
+    )?;
+    let prompt_ids = tok.encode(&head, false)?;
+    let answer_ids = match full.strip_prefix(&head) {
+        Some(rest) => tok.encode(rest.trim_end_matches('\n'), false)?,
+        None => {
+            let mut ids = tok.encode(answer, false)?;
+            ids.extend(tok.eos_ids().iter().next().copied());
+            ids
+        }
+    };
+    Ok((prompt_ids, answer_ids))
+}
+
+/// One sequence of an update batch: prompt and completion token ids, the
+/// sample's advantage, whether it passed (for `L_sl`) and its fine-grained
+/// spans in completion-token coordinates.
+pub struct UpdateSeq<'s> {
+    pub prompt_ids: &'s [i64],
+    pub completion_ids: &'s [i64],
+    pub advantage: f64,
+    pub passed: bool,
+    pub spans: &'s [TokenSpan],
+}
+
+/// A micro-batch's tensors, padded to its own longest sequence.
+struct MicroBatch {
+    ids: Tensor,
+    valid: Tensor,
+    /// Column 0 of the masks and log-probs predicts token `start + 1`.
+    start: i64,
+    /// `[b, T-1-start]`: column c predicts a completion token.
+    mask: Tensor,
+    sl_mask: Tensor,
+    advantages: Tensor,
+    spans: Vec<Vec<TokenSpan>>,
+    offsets: Vec<i64>,
+    /// Its share of each term's whole-batch normaliser, by term name.
+    share: BTreeMap<&'static str, f64>,
+    reference: Option<Tensor>,
+    old: Option<Tensor>,
+}
+
+/// The normalisers of the loss terms for a set of sequences: completion
+/// tokens (`pg` token mean, `kl`), sequences with any completion token
+/// (`pg` sequence mean), passing-completion tokens (`sl`) and span terms
+/// (`fine`).
+fn normalisers(seqs: &[&UpdateSeq], norm: Normalization) -> BTreeMap<&'static str, f64> {
+    let tokens: usize = seqs.iter().map(|s| s.completion_ids.len()).sum();
+    let nonempty = seqs.iter().filter(|s| !s.completion_ids.is_empty()).count();
+    let sl: usize = seqs
+        .iter()
+        .filter(|s| s.passed)
+        .map(|s| s.completion_ids.len())
+        .sum();
+    let spans: Vec<Vec<TokenSpan>> = seqs.iter().map(|s| s.spans.to_vec()).collect();
+    let offsets: Vec<i64> = seqs.iter().map(|s| s.prompt_ids.len() as i64 - 1).collect();
+    let t = seqs
+        .iter()
+        .map(|s| s.prompt_ids.len() + s.completion_ids.len())
+        .max()
+        .unwrap_or(2)
+        .max(2) as i64
+        - 1;
+    let fine = super::losses::fine_grained_terms(&spans, &offsets, t);
+    let pg = match norm {
+        Normalization::TokenMean => tokens,
+        Normalization::SequenceMean => nonempty,
+    };
+    BTreeMap::from([
+        ("pg", pg as f64),
+        ("kl", tokens as f64),
+        ("sl", sl as f64),
+        ("fine", fine as f64),
+    ])
+}
+
+fn micro_batch(seqs: &[&UpdateSeq], device: Device) -> MicroBatch {
+    let b = seqs.len();
+    let tmax = seqs
+        .iter()
+        .map(|s| s.prompt_ids.len() + s.completion_ids.len())
+        .max()
+        .unwrap_or(2)
+        .max(2);
+    // Predictions before the shortest prompt's last token are never scored,
+    // so the vocabulary projection (and its log-softmax) skips them.
+    let start = seqs
+        .iter()
+        .map(|s| s.prompt_ids.len().saturating_sub(1))
+        .min()
+        .unwrap_or(0)
+        .min(tmax - 2);
+    let w = tmax - 1 - start;
+    let mut ids = vec![0i64; b * tmax];
+    let mut valid = vec![false; b * tmax];
+    let mut mask = vec![false; b * w];
+    let mut sl_mask = vec![false; b * w];
+    for (i, s) in seqs.iter().enumerate() {
+        let (p, n) = (s.prompt_ids.len(), s.completion_ids.len());
+        for (j, &id) in s.prompt_ids.iter().chain(s.completion_ids).enumerate() {
+            ids[i * tmax + j] = id;
+            valid[i * tmax + j] = true;
+        }
+        for j in p.saturating_sub(1)..(p + n).saturating_sub(1) {
+            mask[i * w + j - start] = true;
+            sl_mask[i * w + j - start] = s.passed;
+        }
+    }
+    let (b, t, w) = (b as i64, tmax as i64, w as i64);
+    let adv: Vec<f64> = seqs.iter().map(|s| s.advantage).collect();
+    MicroBatch {
+        ids: Tensor::from_slice(&ids).view([b, t]).to_device(device),
+        valid: Tensor::from_slice(&valid).view([b, t]).to_device(device),
+        start: start as i64,
+        mask: Tensor::from_slice(&mask).view([b, w]).to_device(device),
+        sl_mask: Tensor::from_slice(&sl_mask).view([b, w]).to_device(device),
+        advantages: Tensor::from_slice(&adv)
+            .to_kind(Kind::Float)
+            .to_device(device),
+        spans: seqs.iter().map(|s| s.spans.to_vec()).collect(),
+        offsets: seqs
+            .iter()
+            .map(|s| s.prompt_ids.len() as i64 - 1 - start as i64)
+            .collect(),
+        share: BTreeMap::new(),
+        reference: None,
+        old: None,
+    }
+}
+
+/// `log p` of the next tokens `start+1..T` of the micro-batch, `[b, T-1-start]`.
+fn batch_logprobs(policy: &Policy, mb: &MicroBatch, train: bool) -> Result<Tensor, TrainError> {
+    let t = mb.ids.size()[1];
+    let w = t - 1 - mb.start;
+    let logits = policy.model.forward(
+        &mb.ids,
+        Some(&mb.valid),
+        None,
+        crate::model::LogitsFor::From(mb.start),
+        train,
+    )?;
+    Ok(token_logprobs(
+        &logits.narrow(1, 0, w),
+        &mb.ids.narrow(1, mb.start + 1, w),
+    ))
+}
+
+impl Trainer<'_> {
+    /// The policy update on one generated batch: `ppo_epochs` optimizer
+    /// steps, each accumulating the gradients of the batch's micro-batches.
+    /// Every term is scaled by its micro-batch's share of the whole batch's
+    /// normaliser, so the accumulated loss and gradient equal those of the
+    /// batch in one pass. Returns the first epoch's loss terms (the
+    /// on-policy values) and gradient norm.
+    fn update(
+        &mut self,
+        seqs: &[UpdateSeq],
+        lr: f64,
+        w: &crate::config::LossWeights,
+    ) -> Result<(BTreeMap<String, f64>, f64), TrainError> {
+        let t = self.cfg.train.clone();
+        let device = self.policy.device();
+        let all: Vec<&UpdateSeq> = seqs.iter().collect();
+        let whole = normalisers(&all, t.normalization);
+        let size = if t.micro_batch == 0 {
+            seqs.len()
+        } else {
+            t.micro_batch
+        }
+        .max(1);
+        let use_kl = w.kl > 0.0;
+        let mut micro: Vec<MicroBatch> = Vec::new();
+        for chunk in all.chunks(size) {
+            let mut mb = micro_batch(chunk, device);
+            let part = normalisers(chunk, t.normalization);
+            mb.share = part
+                .iter()
+                .map(|(k, v)| (*k, v / whole[k].max(1.0)))
+                .collect();
+            if use_kl {
+                // The reference is the base model: the same weights with
+                // every adapter switched off.
+                self.policy.set_lora_enabled(false);
+                let r = tch::no_grad(|| batch_logprobs(self.policy, &mb, false));
+                self.policy.set_lora_enabled(true);
+                mb.reference = Some(r?);
+            }
+            micro.push(mb);
+        }
+        let clip = (t.ppo_epochs > 1).then_some(t.clip_eps);
+        let params = trainable(self.policy);
+        let mut first: Option<(BTreeMap<String, f64>, f64)> = None;
+        for _epoch in 0..t.ppo_epochs {
+            zero_grad(&params);
+            let mut loss: BTreeMap<String, f64> = BTreeMap::new();
+            for mb in micro.iter_mut() {
+                let logp = batch_logprobs(self.policy, mb, true)?;
+                let old = mb.old.get_or_insert_with(|| logp.detach()).shallow_clone();
+                let batch = PgBatch {
+                    old_logprobs: old,
+                    logprobs: logp.shallow_clone(),
+                    ref_logprobs: None,
+                    mask: mb.mask.shallow_clone(),
+                    advantages: mb.advantages.shallow_clone(),
+                };
+                let pg = pg_loss(&batch, clip, t.normalization) * mb.share["pg"];
+                let fine = fine_grained_loss(&logp, &mb.spans, &mb.offsets)
+                    .map_err(|e| TrainError::Invalid(e.to_string()))?
+                    * mb.share["fine"];
+                let sl = sl_loss(&logp, &mb.sl_mask) * mb.share["sl"];
+                let mut terms = vec![("pg", pg, w.pg), ("fine", fine, w.fine), ("sl", sl, w.sl)];
+                if let Some(r) = &mb.reference {
+                    terms.push(("kl", kl_penalty(&logp, r, &mb.mask) * mb.share["kl"], w.kl));
+                }
+                let (total, parts) = total_loss(&terms);
+                *loss.entry("total".into()).or_insert(0.0) += total.double_value(&[]);
+                for (k, v) in parts {
+                    *loss.entry(k).or_insert(0.0) += v;
+                }
+                if total.requires_grad() {
+                    total.backward();
+                }
+            }
+            let grad_norm = clip_grad_norm(&params, t.grad_clip);
+            // A step whose gradient is not finite is skipped, not applied.
+            if grad_norm.is_finite() {
+                self.optimizer.step(&params, lr)?;
+            }
+            zero_grad(&params);
+            first.get_or_insert((loss, grad_norm));
+        }
+        Ok(first.expect("ppo_epochs >= 1"))
+    }
+}
+
 /// The device a run config asks for, after `auto`.
 pub fn device_of(cfg: &RunConfig) -> Device {
     crate::model::device::parse_device(&cfg.model.device.to_string()).unwrap_or(Device::Cpu)
@@ -668,29 +1032,6 @@ pub fn device_of(cfg: &RunConfig) -> Device {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn prompts_name_the_function_when_the_task_does_not() {
-        let mut t = Task {
-            id: "mbpp/1".into(),
-            prompt: "Find the smallest n items.".into(),
-            entry_point: "small_nnum".into(),
-            tests: vec!["assert small_nnum([1], 1) == [1]".into()],
-            kind: Default::default(),
-            canonical_solution: None,
-            docs: None,
-            tags: vec![],
-            test_setup: None,
-        };
-        let p = task_prompt("Solve:", &t);
-        assert_eq!(
-            p,
-            "Solve:\n\nFind the smallest n items.\nThe function must be named `small_nnum`."
-        );
-        assert!(!p.contains("assert"), "no test is shown");
-        t.prompt = "def small_nnum(xs, n):\n    \"\"\"...\"\"\"\n".into();
-        assert!(!task_prompt("Solve:", &t).contains("must be named"));
-    }
 
     #[test]
     fn task_order_is_a_seeded_permutation_per_epoch() {

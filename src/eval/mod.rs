@@ -1,0 +1,336 @@
+//! Evaluation: run a generator on a task set (n samples per task), execute
+//! every sample in the sandbox, and report pass@k / exec@k with the
+//! unbiased estimator, per-task results and an error-kind histogram; and
+//! McNemar's exact test for paired pass/fail results (two checkpoints or
+//! two strategies on the same tasks).
+//!
+//! `train` calls [`evaluate`] for its before/after held-out figures; the
+//! `falcon eval` command and the strategies of the evaluation issue build on
+//! the same functions.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{EvalConfig, GenerationConfig};
+use crate::exec::{RewardClass, Sandbox};
+use crate::model::{Generator, ModelError};
+use crate::reward::code_in_completion;
+use crate::rollout::{generation_params, task_prompt};
+use crate::task::Task;
+
+/// pass@k's unbiased estimator (Chen et al., 2021) for a task with `n`
+/// samples of which `c` passed: `1 − C(n−c, k) / C(n, k)`, computed as a
+/// product so it neither overflows nor loses precision for large `n`.
+///
+/// # Panics
+/// When `k == 0`, `k > n` or `c > n`: the estimator is undefined there, and
+/// callers check `n ≥ k` when they read the config.
+pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
+    assert!(
+        k >= 1 && k <= n && c <= n,
+        "pass@k needs 1 <= k <= n and c <= n (n={n}, c={c}, k={k})"
+    );
+    if n - c < k {
+        return 1.0;
+    }
+    // C(n−c, k)/C(n, k) = Π_{i=n−c+1}^{n} (1 − k/i)
+    let mut miss = 1.0f64;
+    for i in (n - c + 1)..=n {
+        miss *= 1.0 - k as f64 / i as f64;
+    }
+    1.0 - miss
+}
+
+/// McNemar's exact test on paired binary outcomes: `b` pairs where only the
+/// first system passed, `c` where only the second did. Returns the
+/// two-sided p-value `min(1, 2·P[X ≤ min(b, c)])`, `X ~ Binomial(b + c, ½)`
+/// (1 when there are no discordant pairs).
+pub fn mcnemar_exact(b: usize, c: usize) -> f64 {
+    let n = b + c;
+    if n == 0 {
+        return 1.0;
+    }
+    let m = b.min(c);
+    // Σ_{i≤m} C(n, i) / 2^n, in logs so large n does not overflow.
+    let ln_half_n = n as f64 * 0.5f64.ln();
+    let mut ln_c = 0.0f64; // ln C(n, 0)
+    let mut tail = 0.0f64;
+    for i in 0..=m {
+        if i > 0 {
+            ln_c += ((n - i + 1) as f64).ln() - (i as f64).ln();
+        }
+        tail += (ln_c + ln_half_n).exp();
+    }
+    (2.0 * tail).min(1.0)
+}
+
+/// The outcome of one sample.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SampleResult {
+    pub completion: String,
+    /// `pass`, the error kind (`AssertionError`, `NameError`, ...), or
+    /// `no_signal` when the sandbox itself failed.
+    pub outcome: String,
+    pub passed: bool,
+    /// Ran to the end without an exception other than a failed assertion.
+    pub executed: bool,
+}
+
+/// One task's samples.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TaskResult {
+    pub id: String,
+    pub n: usize,
+    /// Samples that passed every test.
+    pub passed: usize,
+    /// Samples that executed (see [`SampleResult::executed`]).
+    pub executed: usize,
+    pub samples: Vec<SampleResult>,
+}
+
+/// A whole evaluation.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EvalResult {
+    pub tasks: Vec<TaskResult>,
+    /// `pass@k` by k (as a string key, for JSON), averaged over tasks.
+    pub pass_at: BTreeMap<String, f64>,
+    /// `exec@k` by k.
+    pub exec_at: BTreeMap<String, f64>,
+    /// Samples by outcome (`pass`, error kinds, `no_signal`).
+    pub outcomes: BTreeMap<String, usize>,
+    pub samples_per_task: usize,
+    pub temperature: f64,
+    pub seconds: f64,
+}
+
+impl EvalResult {
+    /// pass@k, when k was evaluated.
+    pub fn pass(&self, k: usize) -> Option<f64> {
+        self.pass_at.get(&k.to_string()).copied()
+    }
+
+    /// McNemar's exact test of this result against `other` on the tasks both
+    /// evaluated, pairing each task's first sample (greedy pass@1 when
+    /// n = 1): `(only_self, only_other, p_value)`.
+    pub fn mcnemar_vs(&self, other: &EvalResult) -> (usize, usize, f64) {
+        let theirs: BTreeMap<&str, bool> = other
+            .tasks
+            .iter()
+            .filter_map(|t| Some((t.id.as_str(), t.samples.first()?.passed)))
+            .collect();
+        let (mut b, mut c) = (0, 0);
+        for t in &self.tasks {
+            let (Some(mine), Some(&other)) = (t.samples.first(), theirs.get(t.id.as_str())) else {
+                continue;
+            };
+            match (mine.passed, other) {
+                (true, false) => b += 1,
+                (false, true) => c += 1,
+                _ => {}
+            }
+        }
+        (b, c, mcnemar_exact(b, c))
+    }
+}
+
+/// Problems an evaluation can hit.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// What to generate: the instruction, `[generation]` for token limits and
+/// stop strings, and `[eval]` for n, k and the sampler.
+pub struct EvalSpec<'a> {
+    pub instruction: &'a str,
+    pub generation: &'a GenerationConfig,
+    pub eval: &'a EvalConfig,
+    pub seed: u64,
+}
+
+/// Run `spec.eval.n` samples of every task through `generator` and the
+/// sandbox. Prompts go to the generator `spec.eval.batch_size` at a time;
+/// `progress(done, total)` is called after each batch.
+pub fn evaluate(
+    generator: &dyn Generator,
+    tasks: &[&Task],
+    sandbox: &Sandbox,
+    spec: &EvalSpec,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<EvalResult, EvalError> {
+    let e = spec.eval;
+    let n = e.n;
+    if let Some(&k) = e.k.iter().find(|&&k| k == 0 || k > n) {
+        return Err(EvalError::Invalid(format!(
+            "pass@{k} needs 1 <= k <= n = {n} samples per task"
+        )));
+    }
+    let t0 = Instant::now();
+    let mut gen = spec.generation.clone();
+    gen.temperature = e.temperature;
+    gen.top_p = e.top_p;
+    let jobs: Vec<(usize, String)> = tasks
+        .iter()
+        .enumerate()
+        .flat_map(|(i, t)| {
+            let p = task_prompt(spec.instruction, t);
+            std::iter::repeat_n((i, p), n)
+        })
+        .collect();
+    let total = jobs.len();
+    let mut results: Vec<TaskResult> = tasks
+        .iter()
+        .map(|t| TaskResult {
+            id: t.id.clone(),
+            n,
+            passed: 0,
+            executed: 0,
+            samples: Vec::with_capacity(n),
+        })
+        .collect();
+    let mut outcomes = BTreeMap::new();
+    for (b, chunk) in jobs.chunks(e.batch_size.max(1)).enumerate() {
+        let prompts: Vec<String> = chunk.iter().map(|(_, p)| p.clone()).collect();
+        // One seed per batch, derived from the eval seed, so a larger batch
+        // size changes the samples but a rerun never does.
+        let params = generation_params(&gen, spec.seed.wrapping_add(b as u64));
+        let comps = generator.generate(&prompts, &params)?;
+        if comps.len() != prompts.len() {
+            return Err(EvalError::Invalid(format!(
+                "the generator returned {} completions for {} prompts",
+                comps.len(),
+                prompts.len()
+            )));
+        }
+        let exec_jobs: Vec<(&Task, &str)> = chunk
+            .iter()
+            .zip(&comps)
+            .map(|((i, _), c)| (tasks[*i], code_in_completion(&c.text).1))
+            .collect();
+        let reports = sandbox.run_batch(&exec_jobs);
+        for (((i, _), c), r) in chunk.iter().zip(comps).zip(reports) {
+            let passed = r.outcome == Some(RewardClass::Pass);
+            let executed = matches!(r.outcome, Some(RewardClass::Pass | RewardClass::Failure));
+            let outcome = match (r.outcome, r.error_kind) {
+                (None, _) => "no_signal".to_owned(),
+                (Some(RewardClass::Pass), _) | (Some(_), None) => "pass".to_owned(),
+                (Some(_), Some(k)) => format!("{k:?}"),
+            };
+            *outcomes.entry(outcome.clone()).or_insert(0) += 1;
+            let tr = &mut results[*i];
+            tr.passed += passed as usize;
+            tr.executed += executed as usize;
+            tr.samples.push(SampleResult {
+                completion: c.text,
+                outcome,
+                passed,
+                executed,
+            });
+        }
+        progress((b * e.batch_size.max(1) + chunk.len()).min(total), total);
+    }
+    let mean = |f: &dyn Fn(&TaskResult) -> f64| {
+        results.iter().map(f).sum::<f64>() / results.len().max(1) as f64
+    };
+    let mut pass_at = BTreeMap::new();
+    let mut exec_at = BTreeMap::new();
+    for &k in &e.k {
+        pass_at.insert(k.to_string(), mean(&|t| pass_at_k(t.n, t.passed, k)));
+        exec_at.insert(k.to_string(), mean(&|t| pass_at_k(t.n, t.executed, k)));
+    }
+    Ok(EvalResult {
+        tasks: results,
+        pass_at,
+        exec_at,
+        outcomes,
+        samples_per_task: n,
+        temperature: e.temperature,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pass_at_k_matches_hand_computed_values() {
+        // n=5, c=2, k=1: c/n.
+        assert!((pass_at_k(5, 2, 1) - 0.4).abs() < 1e-12);
+        // n=5, c=2, k=2: 1 − C(3,2)/C(5,2) = 1 − 3/10.
+        assert!((pass_at_k(5, 2, 2) - 0.7).abs() < 1e-12);
+        // n=10, c=3, k=5: 1 − C(7,5)/C(10,5) = 1 − 21/252.
+        assert!((pass_at_k(10, 3, 5) - (1.0 - 21.0 / 252.0)).abs() < 1e-12);
+        assert_eq!(pass_at_k(10, 0, 5), 0.0);
+        // Fewer failures than k: every k-subset holds a pass.
+        assert_eq!(pass_at_k(10, 7, 5), 1.0);
+        assert_eq!(pass_at_k(1, 1, 1), 1.0);
+        // Large n stays in [0, 1] and equals c/n at k=1.
+        assert!((pass_at_k(2000, 3, 1) - 0.0015).abs() < 1e-12);
+    }
+
+    #[test]
+    #[should_panic(expected = "pass@k needs")]
+    fn pass_at_k_refuses_k_above_n() {
+        pass_at_k(3, 1, 5);
+    }
+
+    #[test]
+    fn mcnemar_matches_the_binomial_table() {
+        // b=1, c=6: 2·(C(7,0)+C(7,1))/2^7 = 2·8/128.
+        assert!((mcnemar_exact(1, 6) - 0.125).abs() < 1e-12);
+        assert!((mcnemar_exact(6, 1) - 0.125).abs() < 1e-12);
+        // b=0, c=5: 2/32.
+        assert!((mcnemar_exact(0, 5) - 0.0625).abs() < 1e-12);
+        // Balanced discordance is no evidence at all.
+        assert_eq!(mcnemar_exact(4, 4), 1.0);
+        assert_eq!(mcnemar_exact(0, 0), 1.0);
+        // b=2, c=10: 2·(1+12+66)/4096.
+        assert!((mcnemar_exact(2, 10) - 2.0 * 79.0 / 4096.0).abs() < 1e-12);
+    }
+
+    fn task_result(id: &str, passed: bool) -> TaskResult {
+        TaskResult {
+            id: id.into(),
+            n: 1,
+            passed: passed as usize,
+            executed: 1,
+            samples: vec![SampleResult {
+                completion: String::new(),
+                outcome: if passed { "pass" } else { "WrongAnswer" }.into(),
+                passed,
+                executed: true,
+            }],
+        }
+    }
+
+    #[test]
+    fn paired_comparison_counts_discordant_tasks_by_id() {
+        let r = |v: &[(&str, bool)]| EvalResult {
+            tasks: v.iter().map(|(i, p)| task_result(i, *p)).collect(),
+            pass_at: BTreeMap::new(),
+            exec_at: BTreeMap::new(),
+            outcomes: BTreeMap::new(),
+            samples_per_task: 1,
+            temperature: 0.0,
+            seconds: 0.0,
+        };
+        let after = r(&[("a", true), ("b", true), ("c", false), ("d", true)]);
+        // Different order and a task the other side lacks ("e").
+        let before = r(&[
+            ("d", true),
+            ("c", true),
+            ("b", false),
+            ("a", false),
+            ("e", true),
+        ]);
+        let (b, c, p) = after.mcnemar_vs(&before);
+        assert_eq!((b, c), (2, 1));
+        assert!((p - mcnemar_exact(2, 1)).abs() < 1e-15);
+    }
+}

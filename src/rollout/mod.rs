@@ -1,0 +1,70 @@
+//! Prompt building for rollouts. Today: the zero-shot strategy (one user
+//! message: an instruction and the task) and the generation parameters a
+//! run config implies. FALCON's memory prompt lives in
+//! `memory::long_term::table7_prompt`; MEMCoder, MemoCoder and self-repair
+//! strategies land here with the evaluation work.
+
+use crate::config::GenerationConfig;
+use crate::model::sampling::Sampler;
+use crate::model::GenerationParams;
+use crate::task::Task;
+
+/// The user message for a task. MBPP-style statements do not name the
+/// function the tests call, so the name is added when the prompt lacks it
+/// (without showing any test).
+pub fn task_prompt(instruction: &str, task: &Task) -> String {
+    let mut p = format!("{instruction}\n\n{}", task.prompt.trim_end());
+    if !task.entry_point.is_empty() && !task.prompt.contains(&task.entry_point) {
+        p.push_str(&format!(
+            "\nThe function must be named `{}`.",
+            task.entry_point
+        ));
+    }
+    p
+}
+
+/// Chat-format generation parameters from `[generation]`, with the sampler
+/// seeded by `seed` (so a step or an evaluation can be repeated exactly).
+pub fn generation_params(gen: &GenerationConfig, seed: u64) -> GenerationParams {
+    GenerationParams {
+        max_new_tokens: gen.max_new_tokens,
+        sampler: Sampler {
+            temperature: gen.temperature,
+            top_k: gen.top_k as i64,
+            top_p: gen.top_p,
+        },
+        seed: Some(seed),
+        stop: gen.stop.clone(),
+        chat: true,
+        system: None,
+        ignore_eos: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_name_the_function_when_the_task_does_not() {
+        let mut t = Task {
+            id: "mbpp/1".into(),
+            prompt: "Find the smallest n items.".into(),
+            entry_point: "small_nnum".into(),
+            tests: vec!["assert small_nnum([1], 1) == [1]".into()],
+            kind: Default::default(),
+            canonical_solution: None,
+            docs: None,
+            tags: vec![],
+            test_setup: None,
+        };
+        let p = task_prompt("Solve:", &t);
+        assert_eq!(
+            p,
+            "Solve:\n\nFind the smallest n items.\nThe function must be named `small_nnum`."
+        );
+        assert!(!p.contains("assert"), "no test is shown");
+        t.prompt = "def small_nnum(xs, n):\n    \"\"\"...\"\"\"\n".into();
+        assert!(!task_prompt("Solve:", &t).contains("must be named"));
+    }
+}
