@@ -108,3 +108,12 @@ fn every_bundled_numba_cuda_solution_passes_in_the_simulator() {
         cfg,
     );
 }
+
+#[test]
+fn every_easy_demo_task_passes_and_the_split_is_44_20() {
+    let path = root().join("data/easy_python.jsonl");
+    all_pass(&path, TaskFormat::Jsonl, 64, generous(62450));
+    let set = TaskSet::load(&path, TaskFormat::Jsonl, LoadOptions::default()).unwrap();
+    let count = |tag: &str| set.with_any_tag(&[tag.to_string()]).len();
+    assert_eq!((count("train"), count("heldout")), (44, 20));
+}
