@@ -1248,7 +1248,7 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
         instruction: &cfg.train.instruction,
         generation: &cfg.generation,
         eval: &cfg.eval,
-        seed: cfg.generation.seed.unwrap_or(cfg.run.seed),
+        seed: falcon_rl::eval::seed_of(&cfg),
     };
     let list: Vec<&falcon_rl::task::Task> = tasks.iter().collect();
     let bar = progress_bar(list.len() as u64 * cfg.eval.n as u64, "samples");

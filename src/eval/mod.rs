@@ -153,6 +153,12 @@ pub struct EvalSpec<'a> {
     pub seed: u64,
 }
 
+/// The sampler seed of every evaluation a run config makes (training's
+/// before/after and `falcon eval`): `[generation] seed`, else `[run] seed`.
+pub fn seed_of(cfg: &crate::config::RunConfig) -> u64 {
+    cfg.generation.seed.unwrap_or(cfg.run.seed)
+}
+
 /// Run `spec.eval.n` samples of every task through `generator` and the
 /// sandbox. Prompts go to the generator `spec.eval.batch_size` at a time;
 /// `progress(done, total)` is called after each batch.

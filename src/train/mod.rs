@@ -2,14 +2,16 @@
 //! advantages, our own optimizers, checkpoints with exact resume, and
 //! metrics (JSONL and TensorBoard event files).
 //!
-//! - [`rl`]: the single-level loop behind `falcon train` (docs/train.md).
+//! - [`rl`]: the single-level loop behind `falcon train` and its SFT mode
+//!   behind `falcon sft` (docs/train.md), with KL to the base model, PPO
+//!   epochs, exact gradient accumulation and held-out evaluation hooks.
 //! - [`losses`], [`advantage`], [`optim`]: FALCON's loss terms, advantage
 //!   estimators, our AdamW / SGD and LR schedules.
 //! - [`checkpoint`]: atomic `step-N/` directories, verification, retention.
 //! - [`metrics`]: `metrics.jsonl` and TensorBoard event files.
 //!
-//! Not yet here (issue 5 / 6): SFT, the MAML outer loop, KL to a reference
-//! policy and PPO epochs in the loop, mixed precision.
+//! Not yet here (issue 5 / 6): the MAML outer loop, memory in the loop's
+//! prompts, bf16 autocast.
 
 pub mod advantage;
 pub mod checkpoint;

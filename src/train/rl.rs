@@ -1,9 +1,10 @@
 //! The single-level RL loop (the baseline the meta-RL outer loop wraps), as
 //! a recipe: sample tasks → prompts → G samples each (no grad) → sandbox →
 //! rewards by name → advantages → losses → optimizer step → metrics →
-//! checkpoint. Every source of randomness is seeded from `(run.seed, step)`,
-//! so a run resumed from `step-N/` repeats exactly what an uninterrupted run
-//! does (tested on CPU).
+//! checkpoint. The same loop runs SFT ([`Mode::Sft`]: cross-entropy on
+//! reference solutions, no generation). Every source of randomness is seeded
+//! from `(run.seed, step)`, so a run resumed from `step-N/` repeats exactly
+//! what an uninterrupted run does (tested on CPU).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -495,8 +496,8 @@ impl<'a> Trainer<'a> {
             generation: &self.cfg.generation,
             eval: &self.cfg.eval,
             // One seed for every evaluation of the run, so before and after
-            // see the same sampler noise.
-            seed: mix(self.cfg.run.seed, u64::MAX - 1),
+            // see the same sampler noise (and `falcon eval` the same too).
+            seed: crate::eval::seed_of(&self.cfg),
         };
         observer.on_message(&format!(
             "evaluating step {} on {} tasks ({} samples each)",
