@@ -500,8 +500,7 @@ fn sibling(p: &Path, suffix: &str) -> PathBuf {
 
 fn cmd_config(cmd: ConfigCmd) -> Result<()> {
     let (ConfigCmd::Check { file } | ConfigCmd::Show { file }) = &cmd;
-    let cfg = RunConfig::from_file(file).map_err(|e| UsageError(e.to_string()))?;
-    cfg.validate().map_err(|e| UsageError(e.to_string()))?;
+    let cfg = RunConfig::load(file).map_err(|e| UsageError(e.to_string()))?;
     match cmd {
         ConfigCmd::Check { file } => println!("{}: ok", file.display()),
         ConfigCmd::Show { .. } => print!("{}", cfg.to_toml_string()?),
@@ -1129,12 +1128,31 @@ fn load_tagged_tasks(
     Ok(set)
 }
 
+/// `[eval]`'s tasks: its file (else `[tasks] path`) filtered by its tags and
+/// cut to `max_tasks`. `config` names the file in the error for no path.
+fn load_eval_tasks(cfg: &RunConfig, config: &Path) -> Result<TaskSet> {
+    let Some(path) = cfg.eval.path.as_ref().or(cfg.tasks.path.as_ref()) else {
+        return Err(UsageError(format!(
+            "{}: neither [eval] path nor [tasks] path is set",
+            config.display()
+        ))
+        .into());
+    };
+    load_tagged_tasks(
+        path,
+        cfg.eval.format,
+        cfg.tasks.skip_invalid,
+        &cfg.eval.tags,
+        cfg.eval.max_tasks,
+        "[eval]",
+    )
+}
+
 fn cmd_train(args: TrainArgs, mode: falcon_rl::train::rl::Mode) -> Result<()> {
     use falcon_rl::exec::Sandbox;
     use falcon_rl::train::rl::Trainer;
 
-    let cfg = RunConfig::from_file(&args.config).map_err(|e| UsageError(e.to_string()))?;
-    cfg.validate().map_err(|e| UsageError(e.to_string()))?;
+    let cfg = RunConfig::load(&args.config).map_err(|e| UsageError(e.to_string()))?;
     let Some(task_path) = &cfg.tasks.path else {
         return Err(UsageError(format!(
             "{}: [tasks] path is not set",
@@ -1151,15 +1169,7 @@ fn cmd_train(args: TrainArgs, mode: falcon_rl::train::rl::Mode) -> Result<()> {
         "[tasks]",
     )?;
     let eval_tasks = if cfg.train.eval_before || cfg.train.eval_after {
-        let path = cfg.eval.path.as_ref().unwrap_or(task_path);
-        Some(load_tagged_tasks(
-            path,
-            cfg.eval.format,
-            cfg.tasks.skip_invalid,
-            &cfg.eval.tags,
-            cfg.eval.max_tasks,
-            "[eval]",
-        )?)
+        Some(load_eval_tasks(&cfg, &args.config)?)
     } else {
         None
     };
@@ -1222,23 +1232,8 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
     use falcon_rl::eval::{evaluate, EvalSpec};
     use falcon_rl::exec::Sandbox;
 
-    let cfg = RunConfig::from_file(&args.config).map_err(|e| UsageError(e.to_string()))?;
-    cfg.validate().map_err(|e| UsageError(e.to_string()))?;
-    let Some(path) = cfg.eval.path.as_ref().or(cfg.tasks.path.as_ref()) else {
-        return Err(UsageError(format!(
-            "{}: neither [eval] path nor [tasks] path is set",
-            args.config.display()
-        ))
-        .into());
-    };
-    let tasks = load_tagged_tasks(
-        path,
-        cfg.eval.format,
-        cfg.tasks.skip_invalid,
-        &cfg.eval.tags,
-        cfg.eval.max_tasks,
-        "[eval]",
-    )?;
+    let cfg = RunConfig::load(&args.config).map_err(|e| UsageError(e.to_string()))?;
+    let tasks = load_eval_tasks(&cfg, &args.config)?;
     let policy = match &args.checkpoint {
         Some(dir) => falcon_rl::train::rl::policy_from_checkpoint(dir)?.1,
         None => load_config_policy(&cfg)?,

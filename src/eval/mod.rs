@@ -222,11 +222,7 @@ pub fn evaluate(
         for (((i, _), c), r) in chunk.iter().zip(comps).zip(reports) {
             let passed = r.outcome == Some(RewardClass::Pass);
             let executed = matches!(r.outcome, Some(RewardClass::Pass | RewardClass::Failure));
-            let outcome = match (r.outcome, r.error_kind) {
-                (None, _) => "no_signal".to_owned(),
-                (Some(RewardClass::Pass), _) | (Some(_), None) => "pass".to_owned(),
-                (Some(_), Some(k)) => format!("{k:?}"),
-            };
+            let outcome = r.outcome_label();
             *outcomes.entry(outcome.clone()).or_insert(0) += 1;
             let tr = &mut results[*i];
             tr.passed += passed as usize;

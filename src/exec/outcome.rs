@@ -201,6 +201,17 @@ impl ExecReport {
         }
     }
 
+    /// One word for the outcome, as metrics and evaluation results count
+    /// them: `pass`, the dominant error kind (`WrongAnswer`, `NameError`,
+    /// ...), or `no_signal`.
+    pub fn outcome_label(&self) -> String {
+        match (self.outcome, self.error_kind) {
+            (None, _) => "no_signal".to_owned(),
+            (Some(_), None) => "pass".to_owned(),
+            (Some(_), Some(k)) => format!("{k:?}"),
+        }
+    }
+
     pub fn n_pass(&self) -> usize {
         self.tests
             .iter()
@@ -238,6 +249,19 @@ mod tests {
             error_lines: lines.to_vec(),
             seconds: 0.0,
         }
+    }
+
+    #[test]
+    fn outcome_labels() {
+        let pass = ExecReport::from_tests(vec![t(0, TestStatus::Pass, &[])], String::new(), 0.0);
+        assert_eq!(pass.outcome_label(), "pass");
+        let wrong = ExecReport::from_tests(
+            vec![t(0, TestStatus::Pass, &[]), t(1, TestStatus::Fail, &[2])],
+            String::new(),
+            0.0,
+        );
+        assert_eq!(wrong.outcome_label(), "WrongAnswer");
+        assert_eq!(ExecReport::no_signal("x").outcome_label(), "no_signal");
     }
 
     #[test]

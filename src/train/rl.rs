@@ -736,12 +736,7 @@ impl<'a> Trainer<'a> {
         }
         let mut error_kinds = BTreeMap::new();
         for r in &reports {
-            let key = match (r.outcome, r.error_kind) {
-                (None, _) => "no_signal".to_owned(),
-                (Some(_), None) => "pass".to_owned(),
-                (Some(_), Some(k)) => format!("{k:?}"),
-            };
-            *error_kinds.entry(key).or_insert(0) += 1;
+            *error_kinds.entry(r.outcome_label()).or_insert(0) += 1;
         }
         let passed = reports
             .iter()
