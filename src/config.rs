@@ -113,6 +113,8 @@ sections! {
     train: TrainConfig,
     /// `[eval]`: held-out evaluation (which tasks, samples per task, k).
     eval: EvalConfig,
+    /// `[meta]`: FALCON's MAML loop (Algorithm 1) or the single-level one.
+    meta: MetaConfig,
 }
 
 impl RunConfig {
@@ -1656,6 +1658,82 @@ impl Default for TrainConfig {
             init_from: None,
             eval_before: false,
             eval_after: false,
+        }
+    }
+}
+
+/// How the meta-update of FALCON's Algorithm 1 uses the adapted weights.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MetaAlgorithm {
+    /// The single-level policy-gradient loop (the ablation baseline).
+    #[default]
+    Off,
+    /// Second-order MAML: the meta-gradient flows through the inner steps.
+    Maml,
+    /// First-order MAML: the query gradient at θ_i is applied to θ.
+    Fomaml,
+    /// Reptile: θ ← θ + ε · mean_i(θ_i − θ).
+    Reptile,
+}
+
+/// `[meta]`: FALCON's inner/outer loop over fast LoRA weights.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetaConfig {
+    pub algorithm: MetaAlgorithm,
+    /// SGD steps on each task's fast weights (Algorithm 1 line 11).
+    pub inner_steps: usize,
+    /// α, the inner learning rate. The outer rate β is `[train] lr`.
+    pub inner_lr: f64,
+    /// Reptile's ε.
+    pub reptile_eps: f64,
+    /// Short-term memory rows added to each task's inner mini-batch.
+    pub short_term_samples: usize,
+    /// Prompt with FALCON's Table 7 (retrieved long-term memory) instead of
+    /// the zero-shot prompt, and record every evaluated sample there.
+    pub long_term: bool,
+    /// Passing neighbours retrieved from long-term memory that join each
+    /// inner mini-batch as demonstrations (`L_sl`).
+    pub long_term_demos: usize,
+    /// Samples generated with θ_i on T_i for the meta-loss (line 12); 0 =
+    /// `[train] group_size`.
+    pub query_size: usize,
+}
+
+impl Default for MetaConfig {
+    fn default() -> Self {
+        MetaConfig {
+            algorithm: MetaAlgorithm::Off,
+            inner_steps: 1,
+            inner_lr: 1e-3,
+            reptile_eps: 0.5,
+            short_term_samples: 4,
+            long_term: true,
+            long_term_demos: 2,
+            query_size: 0,
+        }
+    }
+}
+
+impl Section for MetaConfig {
+    fn validate_into(&self, path: &str, problems: &mut Problems) {
+        if self.inner_steps == 0 {
+            problems.push(&format!("{path}.inner_steps"), 0, "must be >= 1");
+        }
+        if !(self.inner_lr.is_finite() && self.inner_lr > 0.0) {
+            problems.push(
+                &format!("{path}.inner_lr"),
+                self.inner_lr,
+                "must be a positive number",
+            );
+        }
+        if !(self.reptile_eps.is_finite() && self.reptile_eps > 0.0 && self.reptile_eps <= 1.0) {
+            problems.push(
+                &format!("{path}.reptile_eps"),
+                self.reptile_eps,
+                "must be in (0, 1]",
+            );
         }
     }
 }

@@ -4,7 +4,8 @@
 //! with seeded mini-batch sampling and a checkpoint round trip.
 //!
 //! Every sample is stored padded (or cut) to `max_len` tokens; the mask marks
-//! the real ones. The sampler's RNG is ours (SplitMix64) so its state is one
+//! the real ones and `scored` the completion's (the tokens a loss trains),
+//! and each row records whether the sample passed (FALCON's `L_sl`). The sampler's RNG is ours (SplitMix64) so its state is one
 //! integer that goes into the checkpoint: a resumed run samples exactly what
 //! an uninterrupted one would have.
 
@@ -23,6 +24,9 @@ pub struct Sample<'a> {
     pub rewards: &'a [f32],
     pub logprobs: &'a [f32],
     pub advantages: &'a [f32],
+    /// Tokens before this index are the prompt.
+    pub prompt_len: usize,
+    pub passed: bool,
 }
 
 /// A mini-batch drawn from the buffer: `[b, max_len]` tensors on its device.
@@ -35,6 +39,10 @@ pub struct Batch {
     pub rewards: Tensor,
     pub logprobs: Tensor,
     pub advantages: Tensor,
+    /// `[b, max_len]` bool: completion tokens.
+    pub scored: Tensor,
+    /// `[b]` bool.
+    pub passed: Tensor,
 }
 
 pub struct ShortTerm {
@@ -46,6 +54,8 @@ pub struct ShortTerm {
     rewards: Tensor,
     logprobs: Tensor,
     advantages: Tensor,
+    scored: Tensor,
+    passed: Tensor,
     /// Next slot to write.
     head: i64,
     /// Slots filled (≤ capacity).
@@ -55,7 +65,14 @@ pub struct ShortTerm {
     rng: u64,
 }
 
-const FIELDS: [&str; 5] = ["token_ids", "mask", "rewards", "logprobs", "advantages"];
+const FIELDS: [&str; 6] = [
+    "token_ids",
+    "mask",
+    "rewards",
+    "logprobs",
+    "advantages",
+    "scored",
+];
 
 impl ShortTerm {
     pub fn new(
@@ -79,6 +96,8 @@ impl ShortTerm {
             rewards: Tensor::zeros([c, l], (Kind::Float, device)),
             logprobs: Tensor::zeros([c, l], (Kind::Float, device)),
             advantages: Tensor::zeros([c, l], (Kind::Float, device)),
+            scored: Tensor::zeros([c, l], (Kind::Bool, device)),
+            passed: Tensor::zeros([c], (Kind::Bool, device)),
             head: 0,
             count: 0,
             pushed: 0,
@@ -123,6 +142,8 @@ impl ShortTerm {
         let mut rew = vec![0f32; n * l];
         let mut lp = vec![0f32; n * l];
         let mut adv = vec![0f32; n * l];
+        let mut scored = vec![0u8; n * l];
+        let passed: Vec<u8> = samples.iter().map(|s| s.passed as u8).collect();
         for (r, s) in samples.iter().enumerate() {
             let len = s.token_ids.len();
             if s.rewards.len() != len || s.logprobs.len() != len || s.advantages.len() != len {
@@ -141,6 +162,7 @@ impl ShortTerm {
             rew[o..o + m].copy_from_slice(&s.rewards[..m]);
             lp[o..o + m].copy_from_slice(&s.logprobs[..m]);
             adv[o..o + m].copy_from_slice(&s.advantages[..m]);
+            scored[o + s.prompt_len.min(m)..o + m].fill(1);
         }
         let shape = [n as i64, self.max_len];
         let dev = self.device;
@@ -153,6 +175,10 @@ impl ShortTerm {
             Tensor::from_slice(&rew).view(shape).to_device(dev),
             Tensor::from_slice(&lp).view(shape).to_device(dev),
             Tensor::from_slice(&adv).view(shape).to_device(dev),
+            Tensor::from_slice(&scored)
+                .view(shape)
+                .to_kind(Kind::Bool)
+                .to_device(dev),
         ];
         let slots: Vec<i64> = (0..n as i64)
             .map(|i| (self.head + i) % self.capacity)
@@ -165,12 +191,17 @@ impl ShortTerm {
                 &mut self.rewards,
                 &mut self.logprobs,
                 &mut self.advantages,
+                &mut self.scored,
             ]
             .into_iter()
             .zip(rows.iter())
             {
                 let _ = dst.index_copy_(0, &slots_t, src);
             }
+            let passed = Tensor::from_slice(&passed)
+                .to_kind(Kind::Bool)
+                .to_device(dev);
+            let _ = self.passed.index_copy_(0, &slots_t, &passed);
         });
         self.head = (self.head + n as i64) % self.capacity;
         self.count = (self.count + n as i64).min(self.capacity);
@@ -218,6 +249,8 @@ impl ShortTerm {
             rewards: self.rewards.index_select(0, &idx),
             logprobs: self.logprobs.index_select(0, &idx),
             advantages: self.advantages.index_select(0, &idx),
+            scored: self.scored.index_select(0, &idx),
+            passed: self.passed.index_select(0, &idx),
             slots,
         }
     }
@@ -241,20 +274,22 @@ impl ShortTerm {
             };
             tensors.push(((*name).into(), t));
         }
+        tensors.push(("passed".into(), self.passed.to_kind(Kind::Uint8)));
         let meta = HashMap::from([(
             "format".to_owned(),
-            "falcon-rl short-term memory v1".to_owned(),
+            "falcon-rl short-term memory v2".to_owned(),
         )]);
         weights::save_safetensors(path, &tensors, Some(meta)).map_err(MemoryError::Model)
     }
 
-    fn fields(&self) -> [&Tensor; 5] {
+    fn fields(&self) -> [&Tensor; 6] {
         [
             &self.token_ids,
             &self.mask,
             &self.rewards,
             &self.logprobs,
             &self.advantages,
+            &self.scored,
         ]
     }
 
@@ -284,6 +319,16 @@ impl ShortTerm {
                 "inconsistent state: capacity {capacity}, max_len {max_len}, head {head}, count {count}"
             )));
         }
+        let passed = t.remove("passed").ok_or_else(|| {
+            bad("missing `passed` (a v1 file, from before rows recorded it)".into())
+        })?;
+        if passed.size() != [capacity] {
+            return Err(bad(format!(
+                "`passed` has shape {:?}, expected [{capacity}]",
+                passed.size()
+            )));
+        }
+        let passed = passed.to_kind(Kind::Bool).to_device(device);
         let mut take = |name: &str, kind: Kind| -> Result<Tensor, MemoryError> {
             let x = t
                 .remove(name)
@@ -302,6 +347,8 @@ impl ShortTerm {
             rewards: take("rewards", Kind::Float)?,
             logprobs: take("logprobs", Kind::Float)?,
             advantages: take("advantages", Kind::Float)?,
+            scored: take("scored", Kind::Bool)?,
+            passed,
             capacity,
             max_len,
             device,
@@ -331,6 +378,8 @@ mod tests {
                 rewards: f,
                 logprobs: f,
                 advantages: f,
+                prompt_len: 1,
+                passed: f[0] > 1.0,
             })
             .collect();
         st.push(&samples).unwrap();
@@ -355,6 +404,11 @@ mod tests {
         assert_eq!(mask, [1, 0, 1, 1, 1, 1, 1, 0]);
         let rew: Vec<f32> = Vec::try_from(r.rewards.reshape([-1])).unwrap();
         assert_eq!(rew, [6.0, 0.0, 5.0, 5.0, 4.0, 4.0, 3.0, 0.0]);
+        // The first token of each is the prompt; samples above 1 passed.
+        let scored: Vec<i64> = Vec::try_from(r.scored.to_kind(Kind::Int64).reshape([-1])).unwrap();
+        assert_eq!(scored, [0, 0, 0, 1, 0, 1, 0, 0]);
+        let passed: Vec<i64> = Vec::try_from(r.passed.to_kind(Kind::Int64)).unwrap();
+        assert_eq!(passed, [1, 1, 1, 1]);
         // A push larger than the buffer keeps its last `capacity` samples.
         push_n(&mut st, 10, 9);
         assert_eq!(first_tokens(&st.recent(4)), [18, 17, 16, 15]);
@@ -378,6 +432,7 @@ mod tests {
             let (x, y) = (a.sample(4), b.sample(4));
             assert_eq!(x.slots, y.slots, "same RNG state after the round trip");
             assert!(x.rewards.equal(&y.rewards) && x.mask.equal(&y.mask));
+            assert!(x.scored.equal(&y.scored) && x.passed.equal(&y.passed));
         }
         push_n(&mut a, 100, 2);
         push_n(&mut b, 100, 2);
@@ -401,6 +456,8 @@ mod tests {
                 rewards: &[0.0],
                 logprobs: &[0.0, 0.0],
                 advantages: &[0.0, 0.0],
+                prompt_len: 1,
+                passed: false,
             }])
             .unwrap_err();
         assert!(e.to_string().contains("2 tokens but 1 rewards"), "{e}");

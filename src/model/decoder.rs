@@ -250,6 +250,10 @@ struct AttnCtx {
     causal: bool,
     /// First cache slot this forward writes, when a cache is used.
     start: i64,
+    /// Use the composite (math) attention, whose backward is itself
+    /// differentiable: the fused CPU/CUDA kernels have no double backward,
+    /// which second-order MAML needs.
+    math: bool,
 }
 
 struct Attention {
@@ -298,16 +302,38 @@ impl Attention {
             }
             None => (k, v),
         };
-        let y = Tensor::scaled_dot_product_attention(
-            &q,
-            &k,
-            &v,
-            ctx.mask.as_ref(),
-            0.0,
-            ctx.causal,
-            None::<f64>,
-            self.n_kv != self.n_heads,
-        );
+        let gqa = self.n_kv != self.n_heads;
+        let y = if ctx.math {
+            // The math kernel takes an additive mask; a boolean one is
+            // converted by the dispatching op only.
+            let additive = ctx.mask.as_ref().map(|m| {
+                Tensor::zeros(m.size(), (q.kind(), q.device()))
+                    .masked_fill(&m.logical_not(), f64::NEG_INFINITY)
+            });
+            Tensor::internal_scaled_dot_product_attention_math(
+                &q,
+                &k,
+                &v,
+                additive.as_ref(),
+                0.0,
+                ctx.causal,
+                None::<&Tensor>,
+                None::<f64>,
+                gqa,
+            )
+            .0
+        } else {
+            Tensor::scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                ctx.mask.as_ref(),
+                0.0,
+                ctx.causal,
+                None::<f64>,
+                gqa,
+            )
+        };
         let y = y
             .transpose(1, 2)
             .reshape([b, t, self.n_heads * self.head_dim]);
@@ -339,9 +365,10 @@ struct Block {
 /// after casting back to the activation dtype.
 fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
     let kind = x.kind();
-    if kind == Kind::Float {
+    if kind == Kind::Float || kind == Kind::Double {
         // libtorch's fused kernel is bit-identical to the composite in fp32
-        // and one dispatch instead of eight; in bf16/fp16 it rounds once
+        // and one dispatch instead of eight (fp64, for gradient checks, stays
+        // fp64); in bf16/fp16 it rounds once
         // where the reference rounds twice, so those keep the composite.
         return x.rms_norm([x.size()[x.dim() - 1]], Some(weight), eps);
     }
@@ -360,6 +387,7 @@ pub struct Decoder {
     norm: Tensor,
     lm_head: Option<Tensor>,
     inv_freq: Tensor,
+    math_attention: std::cell::Cell<bool>,
 }
 
 /// Which positions of a forward pass need logits.
@@ -441,6 +469,7 @@ impl Decoder {
             norm,
             lm_head,
             inv_freq,
+            math_attention: std::cell::Cell::new(false),
         })
     }
 
@@ -584,6 +613,7 @@ impl Decoder {
                         mask,
                         causal,
                         start,
+                        math: self.math_attention.get(),
                     },
                     Some(cache),
                 )
@@ -604,6 +634,7 @@ impl Decoder {
                         mask,
                         causal,
                         start: 0,
+                        math: self.math_attention.get(),
                     },
                     None,
                 )
@@ -663,6 +694,13 @@ impl Decoder {
 
     pub fn device(&self) -> Device {
         self.embed_tokens.device()
+    }
+
+    /// Compute attention with the composite kernel, whose backward can be
+    /// differentiated again (second-order MAML); the fused kernels are
+    /// faster but first-order only. Same outputs up to rounding.
+    pub fn set_math_attention(&self, on: bool) {
+        self.math_attention.set(on);
     }
 
     pub fn kind(&self) -> Kind {

@@ -246,6 +246,81 @@ impl Policy {
         }
     }
 
+    /// Functional LoRA: exchange the adapters' factors with the tensors in
+    /// `fast`, named as in the VarStore (`….q_proj.lora_A.weight`,
+    /// `….lora_B.weight`). Calling it again with the same slice swaps back.
+    /// MAML's fast weights θ_i are such tensors (functions of θ with their
+    /// autograd graph), so K adapted policies cost K adapters, not K models.
+    /// Nothing is swapped unless every name and shape matches.
+    pub fn swap_adapters(&mut self, fast: &mut [(String, Tensor)]) -> Result<(), ModelError> {
+        let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for (i, (name, _)) in fast.iter().enumerate() {
+            if at.insert(name.as_str(), i).is_some() {
+                return Err(ModelError::Invalid(format!(
+                    "fast weight `{name}` given twice"
+                )));
+            }
+        }
+        let mut plan: Vec<(usize, usize, bool)> = Vec::with_capacity(fast.len());
+        for (p, (name, lin)) in self.model.projections().into_iter().enumerate() {
+            let Some(ad) = &lin.adapter else { continue };
+            if lin.is_merged() {
+                return Err(ModelError::Invalid(format!(
+                    "{name}: the adapter is merged into the base weight; unmerge before \
+                     swapping in fast weights"
+                )));
+            }
+            for (suffix, own, is_a) in [
+                ("lora_A.weight", &ad.a, true),
+                ("lora_B.weight", &ad.b, false),
+            ] {
+                if let Some(&i) = at.get(format!("{name}.{suffix}").as_str()) {
+                    if fast[i].1.size() != own.size() {
+                        return Err(ModelError::Invalid(format!(
+                            "fast weight `{name}.{suffix}` has shape {:?}, the adapter {:?}",
+                            fast[i].1.size(),
+                            own.size()
+                        )));
+                    }
+                    plan.push((p, i, is_a));
+                }
+            }
+        }
+        if plan.len() != fast.len() {
+            let known: std::collections::HashSet<usize> = plan.iter().map(|x| x.1).collect();
+            let stray = (0..fast.len()).find(|i| !known.contains(i)).unwrap_or(0);
+            return Err(ModelError::Invalid(format!(
+                "fast weight `{}` names no LoRA factor of this model",
+                fast[stray].0
+            )));
+        }
+        let mut projections = self.model.projections_mut();
+        for (p, i, is_a) in plan {
+            let ad = projections[p].1.adapter.as_mut().expect("checked above");
+            let own = if is_a { &mut ad.a } else { &mut ad.b };
+            std::mem::swap(own, &mut fast[i].1);
+        }
+        Ok(())
+    }
+
+    /// Run `f` with the adapters' factors replaced by `fast` (shallow
+    /// copies: gradients flow back into `fast`), then put the originals back.
+    pub fn with_adapters<R>(
+        &mut self,
+        fast: &[(String, Tensor)],
+        f: impl FnOnce(&mut Policy) -> R,
+    ) -> Result<R, ModelError> {
+        let mut slot: Vec<(String, Tensor)> = fast
+            .iter()
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect();
+        self.swap_adapters(&mut slot)?;
+        let out = f(self);
+        self.swap_adapters(&mut slot)
+            .expect("the tensors swapped in a moment ago swap back");
+        Ok(out)
+    }
+
     /// Turn text prompts into token ids (through the chat template if asked).
     pub fn encode_prompts(
         &self,

@@ -124,8 +124,14 @@ pub enum Normalization {
 /// bytes each, so callers with long sequences and large vocabularies call
 /// this on chunks of `T`.
 pub fn token_logprobs(logits: &Tensor, targets: &Tensor) -> Tensor {
+    // At least fp32; a double-precision model (gradient checks) stays double.
+    let kind = if logits.kind() == Kind::Double {
+        Kind::Double
+    } else {
+        Kind::Float
+    };
     logits
-        .log_softmax(-1, Kind::Float)
+        .log_softmax(-1, kind)
         .gather(-1, &targets.unsqueeze(-1), false)
         .squeeze_dim(-1)
 }
@@ -143,7 +149,13 @@ pub fn pg_loss(batch: &PgBatch, clip: Option<f64>, norm: Normalization) -> Tenso
     // Zero the log-ratio on padding before exp, so garbage there cannot give inf·0.
     let log_ratio =
         (&batch.logprobs - batch.old_logprobs.detach()).masked_fill(&mask.logical_not(), 0.0);
-    let ratio = log_ratio.exp();
+    // exp(sg(x))·(1 + x − sg(x)): the value and gradient of exp(x), but its
+    // derivative treats the weight as a constant. Differentiating the policy
+    // gradient again (second-order MAML, where `old` is the current policy)
+    // then gives the derivative of the estimator A·∇log p, without the
+    // spurious ∇log p ∇log pᵀ term of the surrogate's own curvature.
+    let w = log_ratio.detach();
+    let ratio = w.exp() * (&log_ratio - &w + 1.0);
     let adv = batch
         .advantages
         .detach()
@@ -156,13 +168,13 @@ pub fn pg_loss(batch: &PgBatch, clip: Option<f64>, norm: Normalization) -> Tenso
     };
     let objective = objective.masked_fill(&mask.logical_not(), 0.0);
     match norm {
-        Normalization::TokenMean => -(objective.sum(Kind::Float) / count(&mask)),
+        Normalization::TokenMean => -(objective.sum(acc(&objective)) / count(&mask)),
         Normalization::SequenceMean => {
             let per_seq_n = mask.sum_dim_intlist(1, false, Kind::Float);
             let per_seq =
-                objective.sum_dim_intlist(1, false, Kind::Float) / per_seq_n.clamp_min(1.0);
+                objective.sum_dim_intlist(1, false, acc(&objective)) / per_seq_n.clamp_min(1.0);
             let n_seq = per_seq_n.gt(0.0).sum(Kind::Float).clamp_min(1.0);
-            -(per_seq.sum(Kind::Float) / n_seq)
+            -(per_seq.sum(acc(&per_seq)) / n_seq)
         }
     }
 }
@@ -223,7 +235,7 @@ pub fn fine_grained_loss(
         .to_device(logprobs.device());
     let on_span = weight.ne(0.0);
     // Masked before multiplying, so a -inf log-prob off the spans stays harmless.
-    let terms = (logprobs.masked_fill(&on_span.logical_not(), 0.0) * weight).sum(Kind::Float);
+    let terms = (logprobs.masked_fill(&on_span.logical_not(), 0.0) * weight).sum(acc(logprobs));
     Ok(-(terms / n_terms.max(1) as f64))
 }
 
@@ -260,7 +272,7 @@ pub fn sl_loss(logprobs: &Tensor, mask: &Tensor) -> Tensor {
     let mask = as_bool(mask);
     -(logprobs
         .masked_fill(&mask.logical_not(), 0.0)
-        .sum(Kind::Float)
+        .sum(acc(logprobs))
         / count(&mask))
 }
 
@@ -279,7 +291,7 @@ pub fn kl_penalty(logprobs: &Tensor, ref_logprobs: &Tensor, mask: &Tensor) -> Te
     let log_ratio = (ref_logprobs.detach() - logprobs).masked_fill(&mask.logical_not(), 0.0);
     // Padding has log_ratio 0, whose k3 is exactly 0.
     let k3 = log_ratio.exp() - &log_ratio - 1.0;
-    k3.sum(Kind::Float) / count(&mask)
+    k3.sum(acc(&k3)) / count(&mask)
 }
 
 /// `Σ weight · term` over `(name, term, weight)`, and every term's raw
@@ -321,6 +333,16 @@ fn as_bool(mask: &Tensor) -> Tensor {
 }
 
 /// Number of true entries, at least 1 (an empty mask gives 0 / 1 = 0).
+/// The accumulation kind of a sum: fp32, or fp64 for a double-precision
+/// model (gradient checks).
+fn acc(t: &Tensor) -> Kind {
+    if t.kind() == Kind::Double {
+        Kind::Double
+    } else {
+        Kind::Float
+    }
+}
+
 fn count(mask: &Tensor) -> Tensor {
     mask.sum(Kind::Float).clamp_min(1.0)
 }

@@ -16,6 +16,7 @@
 pub mod advantage;
 pub mod checkpoint;
 pub mod losses;
+pub mod meta;
 pub mod metrics;
 pub mod optim;
 pub mod rl;

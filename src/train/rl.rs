@@ -19,20 +19,23 @@ use super::losses::{
     fine_grained_loss, kl_penalty, pg_loss, sl_loss, token_logprobs, total_loss, Normalization,
     PgBatch,
 };
+use super::meta::{MetaMemory, SHORT_TERM_FILE};
 use super::metrics::{truncate_after_step, EventWriter, JsonlWriter, MetricsError};
 use super::optim::{
     clip_grad_norm, zero_grad, AdamW, AdamWConfig, LrSchedule, OptimError, Optimizer, Sgd,
     SgdConfig,
 };
-use crate::config::{OptimizerKind, RunConfig};
+use crate::config::{MetaAlgorithm, OptimizerKind, RunConfig};
 use crate::eval::{evaluate, EvalResult, EvalSpec};
 use crate::exec::{ExecReport, RewardClass, Sandbox};
 use crate::fsutil::WriteError;
 use crate::memory::stats::ErrorStats;
+use crate::memory::ShortTerm;
 use crate::model::{weights, ChatMessage, Generator, ModelError, Policy};
 use crate::reward::{
     code_in_completion, composite, error_line_spans, judge_from_config,
-    offsets_by_incremental_decode, r_coarse, Aspect, Judge, SampleSignals, TokenSpan,
+    offsets_by_incremental_decode, r_coarse, Aspect, Judge, RewardBreakdown, SampleSignals,
+    TokenSpan,
 };
 use crate::rollout::{generation_params, task_prompt};
 use crate::task::{Task, TaskSet};
@@ -145,7 +148,7 @@ pub trait Observer {
 pub struct Silent;
 impl Observer for Silent {}
 
-fn mix(seed: u64, step: u64) -> u64 {
+pub(super) fn mix(seed: u64, step: u64) -> u64 {
     // SplitMix64 finaliser over (seed, step): distinct, well-spread seeds.
     let mut z = seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -237,18 +240,20 @@ pub const CONFIG_FILE: &str = "config.toml";
 
 /// A run: where it writes, what it trains, and how far it got.
 pub struct Trainer<'a> {
-    cfg: RunConfig,
+    pub(super) cfg: RunConfig,
     run_dir: PathBuf,
-    policy: &'a mut Policy,
-    tasks: &'a TaskSet,
-    sandbox: &'a Sandbox,
-    optimizer: Box<dyn Optimizer>,
-    schedule: LrSchedule,
+    pub(super) policy: &'a mut Policy,
+    pub(super) tasks: &'a TaskSet,
+    pub(super) sandbox: &'a Sandbox,
+    pub(super) optimizer: Box<dyn Optimizer>,
+    pub(super) schedule: LrSchedule,
     error_stats: ErrorStats,
     judge: Box<dyn Judge>,
-    step: u64,
+    pub(super) step: u64,
     mode: Mode,
     eval_tasks: Option<&'a TaskSet>,
+    /// Meta-RL runs only.
+    pub(super) memory: Option<MetaMemory>,
 }
 
 impl<'a> Trainer<'a> {
@@ -277,6 +282,14 @@ impl<'a> Trainer<'a> {
                     t.id
                 )));
             }
+        }
+        if cfg.meta.algorithm != MetaAlgorithm::Off && (mode == Mode::Sft || policy.lora.is_none())
+        {
+            return Err(TrainError::Invalid(
+                "[meta] algorithm: meta-RL adapts fast LoRA weights, so it needs [model.lora] \
+                 enabled = true and `falcon train` (not `falcon sft`)"
+                    .into(),
+            ));
         }
         if cfg.train.loss.kl > 0.0 && policy.lora.is_none() {
             return Err(TrainError::Invalid(
@@ -329,6 +342,7 @@ impl<'a> Trainer<'a> {
             step: 0,
             mode,
             eval_tasks: None,
+            memory: None,
         };
         for gone in checkpoint::remove_leftovers(run_dir) {
             observer.on_message(&format!(
@@ -336,11 +350,13 @@ impl<'a> Trainer<'a> {
                 gone.display()
             ));
         }
+        let mut resumed_from = None;
         if resume {
             let found = checkpoint::latest_valid(run_dir, |w| observer.on_message(&w))?;
             match found {
                 Some((step, dir)) => {
                     me.load_checkpoint(&dir)?;
+                    resumed_from = Some(dir.clone());
                     if me.step != step {
                         return Err(TrainError::Invalid(format!(
                             "{}: trainer state says step {}",
@@ -358,6 +374,26 @@ impl<'a> Trainer<'a> {
                 checkpoint::verify(&init)?;
                 load_trainable(me.policy, &init.join(WEIGHTS_FILE))?;
                 observer.on_message(&format!("initial weights from {}", init.display()));
+            }
+        }
+        if me.cfg.meta.algorithm != MetaAlgorithm::Off {
+            let mut mem = MetaMemory::open(&me.cfg, &me.run_dir, me.step)?;
+            match resumed_from {
+                Some(dir) => {
+                    mem.short_term =
+                        ShortTerm::load(&dir.join(SHORT_TERM_FILE), me.policy.device())
+                            .map_err(|e| TrainError::Invalid(format!("short-term memory: {e}")))?;
+                    me.memory = Some(mem);
+                }
+                None => {
+                    me.memory = Some(mem);
+                    let n = me.populate_memories()?;
+                    if n > 0 {
+                        observer.on_message(&format!(
+                            "memory: {n} reference solutions as demonstrations (Algorithm 1 line 4)"
+                        ));
+                    }
+                }
             }
         }
         // Lines after the resumed step belong to the lost future.
@@ -424,6 +460,11 @@ impl<'a> Trainer<'a> {
                     .as_bytes(),
             )?;
             crate::fsutil::write_atomic(&d.join(CONFIG_FILE), cfg_text.as_bytes())?;
+            if let Some(m) = &self.memory {
+                m.short_term
+                    .save(&d.join(SHORT_TERM_FILE))
+                    .map_err(|e| TrainError::Invalid(format!("short-term memory: {e}")))?;
+            }
             Ok(())
         })?;
         checkpoint::apply_retention(&self.run_dir, self.cfg.train.keep_last)?;
@@ -445,6 +486,7 @@ impl<'a> Trainer<'a> {
         let mut out = Vec::new();
         while self.step < steps {
             let rec = match self.mode {
+                Mode::Rl if self.memory.is_some() => self.meta_step(&mut samples_log)?,
                 Mode::Rl => self.one_step(&mut samples_log)?,
                 Mode::Sft => self.sft_step()?,
             };
@@ -607,28 +649,59 @@ impl<'a> Trainer<'a> {
         let seed = mix(self.cfg.run.seed, self.step);
         // Dropout and anything else on libtorch's global generator.
         tch::manual_seed(seed as i64);
-        let g = t.group_size;
-        let picked = tasks_for_step(
+        let tasks = self.step_tasks();
+        let prompts: Vec<String> = tasks
+            .iter()
+            .map(|task| task_prompt(&t.instruction, task))
+            .collect();
+        let mut seconds = BTreeMap::new();
+        let ro = self.rollout(&tasks, &prompts, t.group_size, seed, &mut seconds)?;
+
+        let t0 = Instant::now();
+        let lr = self.schedule.lr_at(self.step);
+        let (loss, grad_norm) = self.update(&ro.seqs(), lr, &t.loss)?;
+        seconds.insert("update".to_owned(), t0.elapsed().as_secs_f64());
+        self.log_samples(samples_log, &ro, &tasks)?;
+        Ok(self.record(lr, loss, grad_norm, &[&ro], seconds))
+    }
+
+    /// The tasks of the current step.
+    pub(super) fn step_tasks(&self) -> Vec<&'a Task> {
+        let t = &self.cfg.train;
+        tasks_for_step(
             self.tasks.len(),
             t.tasks_per_step,
             self.cfg.run.seed,
             self.step,
-        );
-        let tasks: Vec<&Task> = picked
+        )
+        .into_iter()
+        .map(|i| &self.tasks.iter().as_slice()[i])
+        .collect()
+    }
+
+    /// Generate `g` samples for each prompt (`prompts[i]` belongs to
+    /// `tasks[i]`) with the policy as it is now (fast weights included),
+    /// run them in the sandbox and score them: rewards, group advantages
+    /// and fine-grained spans. Adds to `seconds`.
+    pub(super) fn rollout(
+        &mut self,
+        tasks: &[&Task],
+        prompts: &[String],
+        g: usize,
+        seed: u64,
+        seconds: &mut BTreeMap<String, f64>,
+    ) -> Result<Rollout, TrainError> {
+        let mut add = |k: &str, t0: Instant| {
+            *seconds.entry(k.to_owned()).or_insert(0.0) += t0.elapsed().as_secs_f64();
+        };
+        let expanded: Vec<String> = prompts
             .iter()
-            .map(|&i| &self.tasks.iter().as_slice()[i])
+            .flat_map(|p| std::iter::repeat_n(p.clone(), g))
             .collect();
-        let mut prompts = Vec::with_capacity(tasks.len() * g);
-        for task in &tasks {
-            for _ in 0..g {
-                prompts.push(task_prompt(&t.instruction, task));
-            }
-        }
         let params = generation_params(&self.cfg.generation, seed);
-        let mut seconds = BTreeMap::new();
         let t0 = Instant::now();
-        let comps = self.policy.generate(&prompts, &params)?;
-        seconds.insert("generate".to_owned(), t0.elapsed().as_secs_f64());
+        let comps = self.policy.generate(&expanded, &params)?;
+        add("generate", t0);
 
         let t0 = Instant::now();
         let located: Vec<(usize, &str)> =
@@ -639,7 +712,7 @@ impl<'a> Trainer<'a> {
             .map(|(i, (_, code))| (tasks[i / g], *code))
             .collect();
         let reports: Vec<ExecReport> = self.sandbox.run_batch(&jobs);
-        seconds.insert("exec".to_owned(), t0.elapsed().as_secs_f64());
+        add("exec", t0);
 
         let t0 = Instant::now();
         for r in &reports {
@@ -658,7 +731,7 @@ impl<'a> Trainer<'a> {
         } else {
             vec![None; codes.len()]
         };
-        let breakdowns: Vec<_> = reports
+        let breakdowns: Vec<Option<RewardBreakdown>> = reports
             .iter()
             .enumerate()
             .map(|(i, r)| {
@@ -673,6 +746,7 @@ impl<'a> Trainer<'a> {
             .map(|b| b.as_ref().map(|b| b.total))
             .collect();
         let group: Vec<usize> = (0..comps.len()).map(|i| i / g).collect();
+        let t = &self.cfg.train;
         let adv = advantages(t.advantage, &totals, &group, t.normalize_std)
             .map_err(|e| TrainError::Invalid(e.to_string()))?;
         // Fine-grained spans: the tokens of the failing lines get R_coarse.
@@ -695,34 +769,52 @@ impl<'a> Trainer<'a> {
             }
             spans.push(s);
         }
-        seconds.insert("reward".to_owned(), t0.elapsed().as_secs_f64());
+        add("reward", t0);
+        Ok(Rollout {
+            group: g,
+            comps,
+            reports,
+            breakdowns,
+            adv,
+            spans,
+        })
+    }
 
-        // ---- update
-        let t0 = Instant::now();
-        let passed_flags: Vec<bool> = reports
-            .iter()
-            .map(|r| r.outcome == Some(RewardClass::Pass))
-            .collect();
-        let seqs: Vec<UpdateSeq> = comps
-            .iter()
-            .enumerate()
-            .map(|(i, c)| UpdateSeq {
-                prompt_ids: &c.prompt_ids,
-                completion_ids: &c.token_ids,
-                advantage: adv[i],
-                passed: passed_flags[i],
-                spans: &spans[i],
-            })
-            .collect();
-        let lr = self.schedule.lr_at(self.step);
-        let (loss, grad_norm) = self.update(&seqs, lr, &t.loss)?;
-        seconds.insert("update".to_owned(), t0.elapsed().as_secs_f64());
+    /// Every completion of `ro` (whose samples belong to `tasks` in groups)
+    /// with its report, rewards and advantage, to `samples.jsonl`.
+    pub(super) fn log_samples(
+        &self,
+        samples_log: &mut JsonlWriter,
+        ro: &Rollout,
+        tasks: &[&Task],
+    ) -> Result<(), TrainError> {
+        for (i, c) in ro.comps.iter().enumerate() {
+            samples_log.write(&serde_json::json!({
+                "step": self.step,
+                "task_id": tasks[i / ro.group].id,
+                "completion": c.text,
+                "report": ro.reports[i],
+                "rewards": ro.breakdowns[i].as_ref().map(|b| b.to_log("")),
+                "advantage": ro.adv[i],
+            }))?;
+        }
+        Ok(())
+    }
 
-        // ---- metrics
+    /// The step's record over the samples of `rollouts`.
+    pub(super) fn record(
+        &self,
+        lr: f64,
+        loss: BTreeMap<String, f64>,
+        grad_norm: f64,
+        rollouts: &[&Rollout],
+        seconds: BTreeMap<String, f64>,
+    ) -> StepRecord {
         let mut reward: BTreeMap<String, f64> = BTreeMap::new();
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
         let mut scored = 0usize;
-        for bd in breakdowns.iter().flatten() {
+        let breakdowns = rollouts.iter().flat_map(|r| r.breakdowns.iter());
+        for bd in breakdowns.flatten() {
             scored += 1;
             *reward.entry("total".into()).or_insert(0.0) += bd.total;
             for (k, v) in &bd.terms {
@@ -734,6 +826,7 @@ impl<'a> Trainer<'a> {
             let n = if k == "total" { scored } else { counts[k] };
             *v /= n.max(1) as f64;
         }
+        let reports: Vec<&ExecReport> = rollouts.iter().flat_map(|r| r.reports.iter()).collect();
         let mut error_kinds = BTreeMap::new();
         for r in &reports {
             *error_kinds.entry(r.outcome_label()).or_insert(0) += 1;
@@ -743,29 +836,55 @@ impl<'a> Trainer<'a> {
             .filter(|r| r.outcome == Some(RewardClass::Pass))
             .count();
         let signal = reports.iter().filter(|r| r.outcome.is_some()).count();
-        for (i, c) in comps.iter().enumerate() {
-            samples_log.write(&serde_json::json!({
-                "step": self.step,
-                "task_id": tasks[i / g].id,
-                "completion": c.text,
-                "report": reports[i],
-                "rewards": breakdowns[i].as_ref().map(|b| b.to_log("")),
-                "advantage": adv[i],
-            }))?;
-        }
-        Ok(StepRecord {
+        StepRecord {
             step: self.step,
             lr,
             loss,
             reward,
             pass_rate: passed as f64 / signal.max(1) as f64,
-            samples: comps.len(),
-            no_signal: comps.len() - signal,
+            samples: reports.len(),
+            no_signal: reports.len() - signal,
             error_kinds,
             grad_norm,
-            tokens_generated: comps.iter().map(|c| c.token_ids.len()).sum(),
+            tokens_generated: rollouts
+                .iter()
+                .flat_map(|r| r.comps.iter())
+                .map(|c| c.token_ids.len())
+                .sum(),
             seconds,
-        })
+        }
+    }
+}
+
+/// One batch of generated samples (`group` consecutive ones per prompt) and
+/// what the sandbox and the reward module said about each.
+pub(super) struct Rollout {
+    pub group: usize,
+    pub comps: Vec<crate::model::Completion>,
+    pub reports: Vec<ExecReport>,
+    pub breakdowns: Vec<Option<RewardBreakdown>>,
+    pub adv: Vec<f64>,
+    pub spans: Vec<Vec<TokenSpan>>,
+}
+
+impl Rollout {
+    pub fn passed(&self, i: usize) -> bool {
+        self.reports[i].outcome == Some(RewardClass::Pass)
+    }
+
+    /// The samples as update sequences.
+    pub fn seqs(&self) -> Vec<UpdateSeq<'_>> {
+        self.comps
+            .iter()
+            .enumerate()
+            .map(|(i, c)| UpdateSeq {
+                prompt_ids: &c.prompt_ids,
+                completion_ids: &c.token_ids,
+                advantage: self.adv[i],
+                passed: self.passed(i),
+                spans: &self.spans[i],
+            })
+            .collect()
     }
 }
 
@@ -801,6 +920,7 @@ pub fn sft_example(
 /// One sequence of an update batch: prompt and completion token ids, the
 /// sample's advantage, whether it passed (for `L_sl`) and its fine-grained
 /// spans in completion-token coordinates.
+#[derive(Clone, Copy)]
 pub struct UpdateSeq<'s> {
     pub prompt_ids: &'s [i64],
     pub completion_ids: &'s [i64],
@@ -932,6 +1052,64 @@ fn batch_logprobs(policy: &Policy, mb: &MicroBatch, train: bool) -> Result<Tenso
     ))
 }
 
+/// The weighted loss of one micro-batch from its log-probs (`old`: those
+/// of the policy that generated it, for the PPO ratio), each term scaled by
+/// the micro-batch's share of the whole batch's normaliser; and every term's
+/// value.
+fn mb_loss(
+    mb: &MicroBatch,
+    logp: &Tensor,
+    old: Tensor,
+    clip: Option<f64>,
+    norm: Normalization,
+    w: &crate::config::LossWeights,
+) -> Result<(Tensor, BTreeMap<String, f64>), TrainError> {
+    let batch = PgBatch {
+        old_logprobs: old,
+        logprobs: logp.shallow_clone(),
+        ref_logprobs: None,
+        mask: mb.mask.shallow_clone(),
+        advantages: mb.advantages.shallow_clone(),
+    };
+    let pg = pg_loss(&batch, clip, norm) * mb.share["pg"];
+    let fine = fine_grained_loss(logp, &mb.spans, &mb.offsets)
+        .map_err(|e| TrainError::Invalid(e.to_string()))?
+        * mb.share["fine"];
+    let sl = sl_loss(logp, &mb.sl_mask) * mb.share["sl"];
+    let mut terms = vec![("pg", pg, w.pg), ("fine", fine, w.fine), ("sl", sl, w.sl)];
+    if let Some(r) = &mb.reference {
+        terms.push(("kl", kl_penalty(logp, r, &mb.mask) * mb.share["kl"], w.kl));
+    }
+    Ok(total_loss(&terms))
+}
+
+/// The loss of `seqs` in one pass with the policy as it is now (fast
+/// weights included), keeping the graph: MAML's `L_inner`. On-policy (no
+/// ratio clipping); KL to the base model when `w.kl > 0`.
+pub(super) fn seqs_loss(
+    policy: &mut Policy,
+    seqs: &[UpdateSeq],
+    norm: Normalization,
+    w: &crate::config::LossWeights,
+    train: bool,
+) -> Result<(Tensor, BTreeMap<String, f64>), TrainError> {
+    let all: Vec<&UpdateSeq> = seqs.iter().collect();
+    let mut mb = micro_batch(&all, policy.device());
+    mb.share = normalisers(&all, norm)
+        .into_keys()
+        .map(|k| (k, 1.0))
+        .collect();
+    if w.kl > 0.0 {
+        policy.set_lora_enabled(false);
+        let r = tch::no_grad(|| batch_logprobs(policy, &mb, false));
+        policy.set_lora_enabled(true);
+        mb.reference = Some(r?);
+    }
+    let logp = batch_logprobs(policy, &mb, train)?;
+    let old = logp.detach();
+    mb_loss(&mb, &logp, old, None, norm, w)
+}
+
 impl Trainer<'_> {
     /// The policy update on one generated batch: `ppo_epochs` optimizer
     /// steps, each accumulating the gradients of the batch's micro-batches.
@@ -983,23 +1161,7 @@ impl Trainer<'_> {
             for mb in micro.iter_mut() {
                 let logp = batch_logprobs(self.policy, mb, true)?;
                 let old = mb.old.get_or_insert_with(|| logp.detach()).shallow_clone();
-                let batch = PgBatch {
-                    old_logprobs: old,
-                    logprobs: logp.shallow_clone(),
-                    ref_logprobs: None,
-                    mask: mb.mask.shallow_clone(),
-                    advantages: mb.advantages.shallow_clone(),
-                };
-                let pg = pg_loss(&batch, clip, t.normalization) * mb.share["pg"];
-                let fine = fine_grained_loss(&logp, &mb.spans, &mb.offsets)
-                    .map_err(|e| TrainError::Invalid(e.to_string()))?
-                    * mb.share["fine"];
-                let sl = sl_loss(&logp, &mb.sl_mask) * mb.share["sl"];
-                let mut terms = vec![("pg", pg, w.pg), ("fine", fine, w.fine), ("sl", sl, w.sl)];
-                if let Some(r) = &mb.reference {
-                    terms.push(("kl", kl_penalty(&logp, r, &mb.mask) * mb.share["kl"], w.kl));
-                }
-                let (total, parts) = total_loss(&terms);
+                let (total, parts) = mb_loss(mb, &logp, old, clip, t.normalization, w)?;
                 *loss.entry("total".into()).or_insert(0.0) += total.double_value(&[]);
                 for (k, v) in parts {
                     *loss.entry(k).or_insert(0.0) += v;
