@@ -604,3 +604,103 @@ fn finished_rows_leave_the_batch_without_changing_the_others() {
         assert!((a - b).abs() < 1e-4, "{a} vs {b}");
     }
 }
+
+fn meta_tweak(algorithm: &str) -> impl FnOnce(&mut RunConfig) + '_ {
+    move |c: &mut RunConfig| {
+        c.meta.algorithm = serde_json::from_value(serde_json::json!(algorithm)).unwrap();
+        c.meta.inner_steps = 1;
+        c.meta.inner_lr = 0.05;
+        c.meta.short_term_samples = 2;
+        c.memory.short_term_capacity = 64;
+        c.memory.short_term_max_len = 256;
+        c.train.checkpoint_every = 2;
+    }
+}
+
+fn long_term_rows(run_dir: &Path) -> u64 {
+    falcon_rl::memory::MemoryStore::open(run_dir)
+        .unwrap()
+        .count_long_term()
+        .unwrap()
+}
+
+#[test]
+fn meta_algorithms_train_and_fill_both_memories() {
+    let dir = tmpdir();
+    setup(dir.path());
+    let start: Vec<(String, Tensor)> = {
+        let cfg = config(dir.path(), 1, 62410);
+        let mut p = Policy::load(&dir.path().join("model"), Dtype::Fp32, Device::Cpu).unwrap();
+        prepare_policy(&cfg, &mut p).unwrap();
+        trainable(&p)
+            .into_iter()
+            .map(|(n, t)| (n, t.detach().copy()))
+            .collect()
+    };
+    for algo in ["maml", "fomaml", "reptile"] {
+        let (records, end) = run_with(dir.path(), 2, false, algo, Mode::Rl, meta_tweak(algo));
+        assert_eq!(records.len(), 2, "{algo}");
+        for r in &records {
+            // 2 tasks × (3 samples with θ + 3 with θ_i).
+            assert_eq!(r.samples, 12, "{algo}");
+            assert!(r.loss.values().all(|v| v.is_finite()), "{algo}: {r:?}");
+            assert!(r.loss.contains_key("inner"), "{algo}: {r:?}");
+            assert!(r.reward["total"].is_finite(), "{algo}: {r:?}");
+        }
+        let moved = start
+            .iter()
+            .zip(&end)
+            .filter(|((_, a), (_, b))| !a.equal(b))
+            .count();
+        assert!(moved > 0, "{algo}: θ did not move");
+        let run_dir = dir.path().join("runs").join(algo);
+        // 3 reference solutions (line 4) + 2 steps × 2 tasks × 3 evaluations.
+        assert_eq!(long_term_rows(&run_dir), 3 + 12, "{algo}");
+        let st = falcon_rl::memory::ShortTerm::load(
+            &run_dir.join("step-2").join("short_term.safetensors"),
+            Device::Cpu,
+        )
+        .unwrap();
+        // 3 demonstrations + 2 steps × 12 samples.
+        assert_eq!(st.pushed(), 3 + 24, "{algo}");
+        let samples = std::fs::read_to_string(run_dir.join("samples.jsonl")).unwrap();
+        assert_eq!(samples.lines().count(), 24);
+    }
+}
+
+#[test]
+fn meta_resume_after_a_lost_checkpoint_reproduces_the_run_with_its_memories() {
+    let dir = tmpdir();
+    setup(dir.path());
+    let (full, _) = run_with(dir.path(), 4, false, "full", Mode::Rl, meta_tweak("fomaml"));
+    let (split_a, _) = run_with(
+        dir.path(),
+        4,
+        false,
+        "split",
+        Mode::Rl,
+        meta_tweak("fomaml"),
+    );
+    assert_eq!(full, {
+        let mut a = split_a.clone();
+        for (x, y) in a.iter_mut().zip(&full) {
+            x.seconds = y.seconds.clone();
+        }
+        a
+    });
+    // Steps 3 and 4 are lost with their checkpoint; their long-term rows and
+    // short-term pushes stay behind in the run directory and must not count.
+    let run_dir = dir.path().join("runs/split");
+    std::fs::remove_dir_all(run_dir.join("step-4")).unwrap();
+    assert_eq!(long_term_rows(&run_dir), 3 + 4 * 6);
+    let (rest, _) = run_with(dir.path(), 4, true, "split", Mode::Rl, meta_tweak("fomaml"));
+    assert_eq!(rest.len(), 2, "resumed at step 2");
+    for (a, b) in full[2..].iter().zip(&rest) {
+        assert_eq!(a.step, b.step);
+        assert_eq!(a.loss, b.loss, "step {}", a.step);
+        assert_eq!(a.reward, b.reward, "step {}", a.step);
+        assert_eq!(a.grad_norm, b.grad_norm, "step {}", a.step);
+    }
+    assert_eq!(long_term_rows(&run_dir), 3 + 4 * 6);
+    assert_ne!(full[0].loss["total"], full[3].loss["total"]);
+}

@@ -657,7 +657,7 @@ mod tests {
         tch::no_grad(|| {
             for (n, t) in trainable(&p) {
                 if n.contains("lora_B") {
-                    let _ = t.shallow_clone().copy_(&(t.randn_like() * 0.3));
+                    t.shallow_clone().copy_(&(t.randn_like() * 0.3));
                 }
             }
         });
@@ -834,7 +834,7 @@ mod tests {
         let restore = |theta: &[(String, Tensor)]| {
             tch::no_grad(|| {
                 for ((_, t), t0) in theta.iter().zip(&theta0) {
-                    let _ = t.shallow_clone().copy_(t0);
+                    t.shallow_clone().copy_(t0);
                 }
             })
         };
@@ -901,7 +901,7 @@ mod tests {
         // The same weights copied into the parameters give the same output.
         tch::no_grad(|| {
             for ((_, t), (_, f)) in theta.iter().zip(&fast) {
-                let _ = t.shallow_clone().copy_(f);
+                t.shallow_clone().copy_(f);
             }
         });
         assert!(fwd(&p).allclose(&swapped, 1e-12, 1e-12, false));
@@ -958,7 +958,7 @@ mod tests {
         };
         mem.remember(&[row.clone(), other.clone()]).unwrap();
         let mut back = mem.draw(5);
-        back.sort_by(|a, b| a.passed.cmp(&b.passed));
+        back.sort_by_key(|s| s.passed);
         assert_eq!(back, vec![row, other]);
     }
 }

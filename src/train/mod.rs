@@ -7,11 +7,13 @@
 //!   epochs, exact gradient accumulation and held-out evaluation hooks.
 //! - [`losses`], [`advantage`], [`optim`]: FALCON's loss terms, advantage
 //!   estimators, our AdamW / SGD and LR schedules.
+//! - [`meta`]: FALCON's MAML loop (Algorithm 1) over fast LoRA weights, with
+//!   short-term memory in the inner mini-batches and long-term memory in the
+//!   prompts; second-order, first-order and Reptile meta-updates.
 //! - [`checkpoint`]: atomic `step-N/` directories, verification, retention.
 //! - [`metrics`]: `metrics.jsonl` and TensorBoard event files.
 //!
-//! Not yet here (issue 5 / 6): the MAML outer loop, memory in the loop's
-//! prompts, bf16 autocast.
+//! Not yet here: bf16 autocast.
 
 pub mod advantage;
 pub mod checkpoint;
