@@ -2,43 +2,60 @@
 """Peak resident memory of a meta-step against a single-level step (scripts/bench-meta-memory).
 
 Both runs: SmolLM2-135M-Instruct fp32 on the CPU, LoRA r16 on q/k/v/o, 4 tasks of
-data/easy_python.jsonl, one training step, checkpoints off the measured path. The meta run
-generates G samples per task with theta, adapts 4 fast-weight sets (2 inner steps each, plus
-short-term rows and long-term demonstrations) and generates G more with each theta_i; the
+data/easy_python.jsonl, one training step. The meta run generates G samples per task with
+theta, adapts 4 fast-weight sets (2 inner steps each on those samples plus short-term rows,
+and long-term demonstrations with --long-term) and generates G more with each theta_i; the
 single-level run generates 2G per task and takes one update over all of them, so both see
-the same number of samples. Peak RSS is the kernel's ru_maxrss of the child process; it
-includes the model, libtorch and the tokenizer, which both runs share, so the script also
-prints the peak of a run that stops after loading (the floor) and the ratio above it.
+the same number of samples. Peak RSS is the child's VmHWM; it includes the model, libtorch
+and the tokenizer, which both runs share. A run that passes --limit-gib is stopped and
+reported as such.
 """
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK_IDS = ["easy/add", "easy/is_even", "easy/reverse_string", "easy/factorial"]
 
 
-def peak_of(cmd):
-    # A fresh process per measurement: ru_maxrss of RUSAGE_CHILDREN is the largest child so far.
-    probe = (
-        "import resource,subprocess,sys;"
-        "subprocess.run(sys.argv[1:],check=True,stdout=subprocess.DEVNULL,stderr=subprocess.DEVNULL);"
-        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
-    )
-    out = subprocess.run([sys.executable, "-c", probe] + cmd, check=True, capture_output=True, text=True)
-    return int(out.stdout.strip()) / 1024.0  # MiB
+def peak_of(cmd, limit_gib):
+    """Run `cmd`; return its peak RSS in MiB (VmHWM), or None if it passed `limit_gib` and was
+    stopped (so that a run that would exhaust the machine reports that instead of taking the
+    machine down)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    peak, over = 0, False
+    status = f"/proc/{proc.pid}/status"
+    while proc.poll() is None:
+        try:
+            with open(status) as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        peak = max(peak, int(line.split()[1]))
+        except OSError:
+            pass
+        if peak > limit_gib * 1024 * 1024:
+            proc.kill()
+            over = True
+        time.sleep(0.05)
+    err = proc.stderr.read()
+    if over:
+        return None
+    if proc.returncode:
+        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
+    return peak / 1024.0
 
 
-def config(work, name, a, meta):
+def config(work, name, a, meta, micro_batch=0):
     group = a.group if meta else 2 * a.group
     meta_section = (
         f'[meta]\nalgorithm = "{a.algorithm}"\ninner_steps = 2\ninner_lr = 1e-3\n'
-        f"short_term_samples = 2\nlong_term = true\nlong_term_demos = 1\nquery_size = {a.group}\n"
+        f"short_term_samples = 2\nlong_term = {str(a.long_term).lower()}\n"
+        f"long_term_demos = {1 if a.long_term else 0}\nquery_size = {a.group}\n"
         if meta else ""
     )
     return f"""
@@ -73,6 +90,7 @@ lr = 1e-5
 advantage = "group_mean"
 checkpoint_every = 1
 keep_last = 1
+micro_batch = {micro_batch}
 {meta_section}"""
 
 
@@ -82,6 +100,9 @@ def main():
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--long-term", action="store_true",
+                    help="Table 7 prompts in the meta run (longer sequences than the single-level run's)")
+    ap.add_argument("--limit-gib", type=float, default=16.0, help="stop a run whose RSS passes this")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="falcon-bench-meta-memory-")
     try:
@@ -95,19 +116,30 @@ def main():
                 f.write(json.dumps(by_id[i]) + "\n")
         fb = os.environ["FALCON_BIN"]
         peaks, recs = {}, {}
-        for name, meta in [("single", False), ("meta", True)]:
+        # The single-level update in one pass (micro_batch 0, the default) and in micro-batches
+        # of one task's worth of samples, which is what the meta-step's passes hold.
+        runs = [("single", False, 0), ("single-mb", False, 2 * a.group), ("meta", True, 0)]
+        for name, meta, mb in runs:
             cpath = os.path.join(work, f"{name}.toml")
             with open(cpath, "w") as f:
-                f.write(config(work, name, a, meta))
-            peaks[name] = peak_of([fb, "--threads", str(a.threads), "train", "--config", cpath])
+                f.write(config(work, name, a, meta, mb))
+            peaks[name] = peak_of([fb, "--threads", str(a.threads), "train", "--config", cpath], a.limit_gib)
+            if peaks[name] is None:
+                print(f"{name}: stopped, peak RSS above {a.limit_gib} GiB")
+                peaks[name] = float("nan")
+                recs[name] = {"samples": "?", "tokens_generated": "?"}
+                continue
             recs[name] = json.loads(open(os.path.join(work, "runs", name, "metrics.jsonl")).readline())
-        s, m = peaks["single"], peaks["meta"]
-        print(f"SmolLM2-135M fp32 CPU, LoRA r16 q/k/v/o, 4 tasks, {a.max_new_tokens} max new tokens")
+        s, smb, m = peaks["single"], peaks["single-mb"], peaks["meta"]
+        print(f"SmolLM2-135M fp32 CPU, LoRA r16 q/k/v/o, 4 tasks, {a.max_new_tokens} max new tokens, "
+              f"meta prompts: {'Table 7 (long-term memory)' if a.long_term else 'zero-shot, as the single-level run'}")
         print(f"single-level step: {recs['single']['samples']} samples, {recs['single']['tokens_generated']} tokens, peak RSS {s:8.1f} MiB")
+        print(f"single-level step, micro_batch {2 * a.group}: {recs['single-mb']['samples']} samples, "
+              f"{recs['single-mb']['tokens_generated']} tokens, peak RSS {smb:8.1f} MiB")
         print(f"meta step ({a.algorithm}, 2 inner steps): {recs['meta']['samples']} samples, "
               f"{recs['meta']['tokens_generated']} tokens, peak RSS {m:8.1f} MiB")
-        print(f"ratio meta / single-level: {m / s:.2f}x")
-        print(json.dumps({"single_mib": s, "meta_mib": m, "ratio": m / s,
+        print(f"ratio meta / single-level: {m / s:.2f}x; against micro-batches: {m / smb:.2f}x")
+        print(json.dumps({"single_mib": s, "single_mb_mib": smb, "meta_mib": m, "ratio": m / s,
                           "single": recs["single"], "meta": recs["meta"]}))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1630,6 +1630,10 @@ pub struct TrainConfig {
     /// Evaluate on `[eval]`'s tasks before the first step / after the last.
     pub eval_before: bool,
     pub eval_after: bool,
+    /// Stop (with a checkpoint, then `eval_after`) after the step during
+    /// which this many minutes of this session have passed; 0 = no limit.
+    /// For comparisons at equal wall-clock budgets.
+    pub max_minutes: f64,
 }
 
 impl Default for TrainConfig {
@@ -1658,6 +1662,7 @@ impl Default for TrainConfig {
             init_from: None,
             eval_before: false,
             eval_after: false,
+            max_minutes: 0.0,
         }
     }
 }
@@ -1682,9 +1687,15 @@ pub enum MetaAlgorithm {
 #[serde(default, deny_unknown_fields)]
 pub struct MetaConfig {
     pub algorithm: MetaAlgorithm,
-    /// SGD steps on each task's fast weights (Algorithm 1 line 11).
+    /// SGD steps on each task's fast weights (Algorithm 1 line 11). 0 (with
+    /// `maml`/`fomaml`): no adaptation and no second generation; the update
+    /// is the single-level one on the same memory-built mini-batches
+    /// (FALCON without the meta-loop).
     pub inner_steps: usize,
-    /// α, the inner learning rate. The outer rate β is `[train] lr`.
+    /// α, the inner learning rate (plain SGD). The outer rate β is
+    /// `[train] lr`. LoRA gradients are small per parameter (RMS ~1e-4 with
+    /// token-mean losses on SmolLM2), so an SGD step comparable to one of
+    /// Adam at lr 5e-4 needs α of order 1.
     pub inner_lr: f64,
     /// Reptile's ε.
     pub reptile_eps: f64,
@@ -1706,7 +1717,7 @@ impl Default for MetaConfig {
         MetaConfig {
             algorithm: MetaAlgorithm::Off,
             inner_steps: 1,
-            inner_lr: 1e-3,
+            inner_lr: 1.0,
             reptile_eps: 0.5,
             short_term_samples: 4,
             long_term: true,
@@ -1718,8 +1729,12 @@ impl Default for MetaConfig {
 
 impl Section for MetaConfig {
     fn validate_into(&self, path: &str, problems: &mut Problems) {
-        if self.inner_steps == 0 {
-            problems.push(&format!("{path}.inner_steps"), 0, "must be >= 1");
+        if self.inner_steps == 0 && self.algorithm == MetaAlgorithm::Reptile {
+            problems.push(
+                &format!("{path}.inner_steps"),
+                0,
+                "Reptile needs >= 1 (with 0 steps θ_i = θ and θ never moves)",
+            );
         }
         if !(self.inner_lr.is_finite() && self.inner_lr > 0.0) {
             problems.push(
@@ -1851,6 +1866,13 @@ impl Section for TrainConfig {
                     "must not be empty; remove the key to leave it unset",
                 );
             }
+        }
+        if !(self.max_minutes.is_finite() && self.max_minutes >= 0.0) {
+            problems.push(
+                &format!("{path}.max_minutes"),
+                self.max_minutes,
+                "must be a finite number >= 0 (0 = no limit)",
+            );
         }
         if !(0.0..=1.0).contains(&self.min_lr_ratio) {
             problems.push(

@@ -300,16 +300,26 @@ struct ExportArgs {
 }
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
 struct EvalArgs {
+    #[command(subcommand)]
+    cmd: Option<EvalCmd>,
     /// Run configuration: `[model]`, `[generation]`, `[tasks]`/`[eval]`, `[exec]`.
     #[arg(long)]
-    config: PathBuf,
+    config: Option<PathBuf>,
     /// Evaluate this training checkpoint (`runs/NAME/step-N`) instead of `[model]`.
     #[arg(long)]
     checkpoint: Option<PathBuf>,
     /// Where the result JSON goes (default: print the summary only).
     #[arg(long)]
     out: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum EvalCmd {
+    /// Compare two result files: pass@k and exec@k side by side, and
+    /// McNemar's exact test on the tasks both evaluated (first sample each).
+    Compare { a: PathBuf, b: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -1232,8 +1242,14 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
     use falcon_rl::eval::{evaluate, EvalSpec};
     use falcon_rl::exec::Sandbox;
 
-    let cfg = RunConfig::load(&args.config).map_err(|e| UsageError(e.to_string()))?;
-    let tasks = load_eval_tasks(&cfg, &args.config)?;
+    if let Some(EvalCmd::Compare { a, b }) = &args.cmd {
+        return cmd_eval_compare(a, b);
+    }
+    let Some(config) = &args.config else {
+        return Err(UsageError("falcon eval needs --config FILE (or `compare A B`)".into()).into());
+    };
+    let cfg = RunConfig::load(config).map_err(|e| UsageError(e.to_string()))?;
+    let tasks = load_eval_tasks(&cfg, config)?;
     let policy = match &args.checkpoint {
         Some(dir) => falcon_rl::train::rl::policy_from_checkpoint(dir)?.1,
         None => load_config_policy(&cfg)?,
@@ -1278,6 +1294,39 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
             .with_context(|| format!("writing {}", out.display()))?;
         eprintln!("falcon: per-task results in {}", out.display());
     }
+    Ok(())
+}
+
+fn cmd_eval_compare(a: &Path, b: &Path) -> Result<()> {
+    use falcon_rl::eval::EvalResult;
+    let ra = EvalResult::load(a).map_err(|e| UsageError(e.to_string()))?;
+    let rb = EvalResult::load(b).map_err(|e| UsageError(e.to_string()))?;
+    println!("metric\tA\tB\tB - A");
+    for (name, ma, mb) in [
+        ("pass", &ra.pass_at, &rb.pass_at),
+        ("exec", &ra.exec_at, &rb.exec_at),
+    ] {
+        for (k, va) in ma {
+            if let Some(vb) = mb.get(k) {
+                println!("{name}@{k}\t{va:.4}\t{vb:.4}\t{:+.4}", vb - va);
+            }
+        }
+    }
+    let ids: std::collections::BTreeSet<&str> = ra.tasks.iter().map(|t| t.id.as_str()).collect();
+    let common = rb
+        .tasks
+        .iter()
+        .filter(|t| ids.contains(t.id.as_str()))
+        .count();
+    let (only_a, only_b, p) = ra.mcnemar_vs(&rb);
+    println!(
+        "tasks\t{}\t{}\t{common} in common",
+        ra.tasks.len(),
+        rb.tasks.len()
+    );
+    println!(
+        "McNemar (first sample per task): solved only by A {only_a}, only by B {only_b}, exact p = {p:.4}"
+    );
     Ok(())
 }
 

@@ -106,6 +106,19 @@ pub struct EvalResult {
 }
 
 impl EvalResult {
+    /// Read a result file written by `falcon eval --out` or by training's
+    /// `eval/step-N.json`.
+    pub fn load(path: &std::path::Path) -> Result<Self, EvalError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| EvalError::Invalid(format!("{}: {e}", path.display())))?;
+        serde_json::from_str(&text).map_err(|e| {
+            EvalError::Invalid(format!(
+                "{}: not an evaluation result ({e})",
+                path.display()
+            ))
+        })
+    }
+
     /// pass@k, when k was evaluated.
     pub fn pass(&self, k: usize) -> Option<f64> {
         self.pass_at.get(&k.to_string()).copied()

@@ -10,9 +10,10 @@
 //!
 //! Fast weights are swapped into the policy's adapters
 //! ([`Policy::swap_adapters`]), so K adaptations cost K adapters, never a
-//! second model. Second-order MAML differentiates through the inner
-//! gradient (`run_backward` with `create_graph`), which needs the
-//! composite attention kernel ([`crate::model::Decoder::set_math_attention`]).
+//! second model. Second-order MAML carries the query gradient back through
+//! the inner steps with Hessian-vector products (double backward, which
+//! needs the composite attention kernel,
+//! [`crate::model::Decoder::set_math_attention`]), one inner step at a time.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -47,70 +48,158 @@ pub struct InnerLoop {
     pub steps: usize,
     /// α.
     pub lr: f64,
-    /// Keep the graph of the inner gradients so that the meta-gradient flows
-    /// through them (second-order MAML). Off: the inner gradients are
-    /// constants, and ∂θ_i/∂θ is the identity (first-order MAML, Reptile).
-    pub second_order: bool,
+}
+
+/// One task's adaptation: the fast weights θ_i and the points the inner
+/// steps started from, all detached (the meta-gradient is formed by
+/// [`meta_backward`], which revisits them one at a time).
+pub struct Adapted {
+    /// θ_i = θ_K, as leaves that require grad.
+    pub fast: Weights,
+    /// θ_0 = θ, …, θ_{K−1}.
+    path: Vec<Weights>,
+    /// The inner loss before each step.
+    pub losses: Vec<f64>,
+}
+
+impl Adapted {
+    /// No adaptation: θ_i = θ.
+    pub fn identity(theta: &[(String, Tensor)]) -> Self {
+        Adapted {
+            fast: leaves(theta),
+            path: Vec::new(),
+            losses: Vec::new(),
+        }
+    }
+}
+
+/// Detached copies of `w` that require grad: the inputs of one
+/// differentiation, with no graph behind them.
+fn leaves(w: &[(String, Tensor)]) -> Weights {
+    w.iter()
+        .map(|(n, t)| (n.clone(), t.detach().copy().set_requires_grad(true)))
+        .collect()
+}
+
+fn grads_of(
+    l: &Tensor,
+    at: &[(String, Tensor)],
+    create_graph: bool,
+) -> Result<Vec<Tensor>, TrainError> {
+    let inputs: Vec<&Tensor> = at.iter().map(|(_, t)| t).collect();
+    Tensor::f_run_backward(&[l], &inputs, create_graph, create_graph)
+        .map_err(|e| TrainError::Invalid(format!("meta-gradient: {e}")))
 }
 
 /// Fast weights θ_i from θ by `inner.steps` SGD steps on `loss`, which is
-/// evaluated with the current fast weights swapped into the policy. Returns
-/// θ_i (with its graph back to θ) and the inner loss before each step.
+/// evaluated with the current fast weights swapped into the policy. No
+/// graph is kept: each step's is freed once its gradient is taken.
 pub fn adapt(
     policy: &mut Policy,
     theta: &[(String, Tensor)],
     inner: &InnerLoop,
     mut loss: impl FnMut(&mut Policy) -> Result<Tensor, TrainError>,
-) -> Result<(Weights, Vec<f64>), TrainError> {
-    policy.model.set_math_attention(inner.second_order);
-    let out = (|| {
-        let mut fast: Vec<(String, Tensor)> = theta
-            .iter()
-            .map(|(n, t)| (n.clone(), t.shallow_clone()))
-            .collect();
-        let mut losses = Vec::with_capacity(inner.steps);
-        for _ in 0..inner.steps {
-            let l = policy.with_adapters(&fast, &mut loss)??;
-            losses.push(l.double_value(&[]));
-            if !l.requires_grad() {
-                // Nothing in the mini-batch reaches the adapters.
-                continue;
-            }
-            let inputs: Vec<&Tensor> = fast.iter().map(|(_, t)| t).collect();
-            let grads =
-                Tensor::f_run_backward(&[&l], &inputs, inner.second_order, inner.second_order)
-                    .map_err(|e| TrainError::Invalid(format!("inner gradient: {e}")))?;
-            let grads: Vec<Tensor> = if inner.second_order {
-                grads
-            } else {
-                grads
-                    .into_iter()
-                    .map(|g| if g.defined() { g.detach() } else { g })
-                    .collect()
-            };
-            fast = sgd_fast_weights(&fast, &grads, inner.lr)?;
-        }
-        Ok((fast, losses))
-    })();
-    policy.model.set_math_attention(false);
-    out
+) -> Result<Adapted, TrainError> {
+    let mut at = leaves(theta);
+    let mut path = Vec::with_capacity(inner.steps);
+    let mut losses = Vec::with_capacity(inner.steps);
+    for _ in 0..inner.steps {
+        let l = policy.with_adapters(&at, &mut loss)??;
+        losses.push(l.double_value(&[]));
+        let grads = if l.requires_grad() {
+            grads_of(&l, &at, false)?
+        } else {
+            // Nothing in the mini-batch reaches the adapters.
+            at.iter().map(|_| Tensor::new()).collect()
+        };
+        let next = tch::no_grad(|| sgd_fast_weights(&at, &grads, inner.lr))?;
+        path.push(std::mem::replace(&mut at, leaves(&next)));
+    }
+    Ok(Adapted {
+        fast: at,
+        path,
+        losses,
+    })
 }
 
-/// Accumulate ∇θ of `loss` evaluated at the fast weights into θ's `.grad`
-/// (the meta-gradient of one task) and return the loss terms' values.
+/// Accumulate one task's meta-gradient into θ's `.grad` and return the
+/// query loss's terms.
+///
+/// `v = ∇L_q(θ_K)` at the fast weights. First order (`second_order` off)
+/// applies v to θ. Second order carries it back through the inner steps,
+/// `v ← v − α·H_s(θ_k)·v` for k = K−1 … 0 (the Jacobian of an SGD step is
+/// `I − α·H`), with each Hessian-vector product taken by differentiating
+/// `⟨∇L_s(θ_k), v⟩` again. This is exactly MAML's gradient through the
+/// inner steps, but only one inner step's double-backward graph is alive at
+/// a time (its forward pass is recomputed), not all of them plus the query
+/// pass. Double backward needs the composite attention kernel.
 pub fn meta_backward(
     policy: &mut Policy,
-    fast: &[(String, Tensor)],
+    theta: &[(String, Tensor)],
+    adapted: &Adapted,
+    inner: &InnerLoop,
     second_order: bool,
-    loss: impl FnOnce(&mut Policy) -> Result<(Tensor, BTreeMap<String, f64>), TrainError>,
+    mut inner_loss: impl FnMut(&mut Policy) -> Result<Tensor, TrainError>,
+    query_loss: impl FnOnce(&mut Policy) -> Result<(Tensor, BTreeMap<String, f64>), TrainError>,
 ) -> Result<BTreeMap<String, f64>, TrainError> {
-    policy.model.set_math_attention(second_order);
-    let out = policy.with_adapters(fast, loss);
-    policy.model.set_math_attention(false);
-    let (l, mut parts) = out??;
+    let (l, mut parts) = policy.with_adapters(&adapted.fast, query_loss)??;
     parts.insert("total".into(), l.double_value(&[]));
-    if l.requires_grad() {
-        l.backward();
+    if !l.requires_grad() {
+        return Ok(parts);
+    }
+    let mut v = grads_of(&l, &adapted.fast, false)?;
+    drop(l);
+    if second_order {
+        policy.model.set_math_attention(true);
+        let back = (|| -> Result<(), TrainError> {
+            for at in adapted.path.iter().rev() {
+                let at = leaves(at);
+                let ls = policy.with_adapters(&at, &mut inner_loss)??;
+                if !ls.requires_grad() {
+                    continue;
+                }
+                let g = grads_of(&ls, &at, true)?;
+                let mut dot: Option<Tensor> = None;
+                for (gj, vj) in g.iter().zip(&v) {
+                    if gj.defined() && vj.defined() {
+                        let t = (gj * vj.detach()).sum(gj.kind());
+                        dot = Some(match dot {
+                            Some(d) => d + t,
+                            None => t,
+                        });
+                    }
+                }
+                let Some(dot) = dot.filter(|d| d.requires_grad()) else {
+                    continue;
+                };
+                let hv = grads_of(&dot, &at, false)?;
+                v = v
+                    .iter()
+                    .zip(&hv)
+                    .map(|(vj, h)| match (vj.defined(), h.defined()) {
+                        (true, true) => vj - h * inner.lr,
+                        _ => vj.shallow_clone(),
+                    })
+                    .collect();
+            }
+            Ok(())
+        })();
+        policy.model.set_math_attention(false);
+        back?;
+    }
+    // θ.grad += v, through autograd's own accumulation.
+    let mut surrogate: Option<Tensor> = None;
+    for ((_, p), vj) in theta.iter().zip(&v) {
+        if vj.defined() {
+            let t = (p * vj.detach()).sum(p.kind());
+            surrogate = Some(match surrogate {
+                Some(s) => s + t,
+                None => t,
+            });
+        }
+    }
+    if let Some(s) = surrogate {
+        s.backward();
     }
     Ok(parts)
 }
@@ -489,8 +578,8 @@ impl Trainer<'_> {
         let inner = InnerLoop {
             steps: m.inner_steps,
             lr: m.inner_lr,
-            second_order: m.algorithm == MetaAlgorithm::Maml,
         };
+        let second_order = m.algorithm == MetaAlgorithm::Maml;
         let theta = trainable(self.policy);
         zero_grad(&theta);
         let t_update = Instant::now();
@@ -511,15 +600,36 @@ impl Trainer<'_> {
             extra.extend(self.demos_from(&hits[i], task, m.long_term_demos)?);
             let mut batch: Vec<UpdateSeq> = support_seqs[i * g..(i + 1) * g].to_vec();
             batch.extend(extra.iter().map(OwnedSeq::as_seq));
-            // Lines 10–11.
-            let (fast, losses) = adapt(self.policy, &theta, &inner, |p| {
+            let inner_loss = |p: &mut Policy| -> Result<Tensor, TrainError> {
                 Ok(seqs_loss(p, &batch, t.normalization, &t.loss, true)?.0)
-            })?;
-            inner_first += losses.first().copied().unwrap_or(0.0) / tasks.len() as f64;
+            };
+            if m.inner_steps == 0 {
+                // No adaptation (θ_i = θ): FALCON's memories and rewards in
+                // a single-level update, the "without the meta-loop" arm.
+                let parts = meta_backward(
+                    self.policy,
+                    &theta,
+                    &Adapted::identity(&theta),
+                    &inner,
+                    false,
+                    inner_loss,
+                    |p| seqs_loss(p, &batch, t.normalization, &t.loss, true),
+                )?;
+                for (k, v) in parts {
+                    *loss.entry(k).or_insert(0.0) += v;
+                }
+                continue;
+            }
+            // Lines 10–11.
+            let ad = adapt(self.policy, &theta, &inner, inner_loss)?;
+            inner_first += ad.losses.first().copied().unwrap_or(0.0) / tasks.len() as f64;
             // Line 12: evaluate θ_i on T_i.
             let before: f64 = seconds.values().sum();
-            let mut slot: Vec<(String, Tensor)> =
-                fast.iter().map(|(n, x)| (n.clone(), x.detach())).collect();
+            let mut slot: Weights = ad
+                .fast
+                .iter()
+                .map(|(n, x)| (n.clone(), x.shallow_clone()))
+                .collect();
             self.policy.swap_adapters(&mut slot)?;
             let qr = self.rollout(
                 &[*task],
@@ -534,27 +644,34 @@ impl Trainer<'_> {
             // Line 14: L_meta = Σ_i L_inner(θ_i) on the evaluation samples.
             let parts = match m.algorithm {
                 MetaAlgorithm::Reptile => {
-                    let fast_d: Vec<(String, Tensor)> = slot;
                     let parts = tch::no_grad(|| {
-                        self.policy.with_adapters(&fast_d, |p| {
+                        self.policy.with_adapters(&ad.fast, |p| {
                             seqs_loss(p, &qr.seqs(), t.normalization, &t.loss, false)
                         })
                     })??;
-                    adapted.push(fast_d);
+                    adapted.push(ad.fast);
                     let mut v = parts.1;
                     v.insert("total".into(), parts.0.double_value(&[]));
                     v
                 }
-                _ => meta_backward(self.policy, &fast, inner.second_order, |p| {
-                    seqs_loss(p, &qr.seqs(), t.normalization, &t.loss, true)
-                })?,
+                _ => meta_backward(
+                    self.policy,
+                    &theta,
+                    &ad,
+                    &inner,
+                    second_order,
+                    inner_loss,
+                    |p| seqs_loss(p, &qr.seqs(), t.normalization, &t.loss, true),
+                )?,
             };
             for (k, v) in parts {
                 *loss.entry(k).or_insert(0.0) += v;
             }
             queries.push(qr);
         }
-        loss.insert("inner".into(), inner_first);
+        if m.inner_steps > 0 {
+            loss.insert("inner".into(), inner_first);
+        }
         let lr = self.schedule.lr_at(self.step);
         let grad_norm = if m.algorithm == MetaAlgorithm::Reptile {
             reptile_update(&theta, &adapted, m.reptile_eps)?;
@@ -738,11 +855,20 @@ mod tests {
     }
 
     /// θ.grad after one task's meta-gradient with `inner`.
-    fn meta_grad(p: &mut Policy, s: &Data, q: &Data, inner: &InnerLoop) -> Tensor {
+    fn meta_grad(p: &mut Policy, s: &Data, q: &Data, inner: &InnerLoop, second: bool) -> Tensor {
         let theta = trainable(p);
         zero_grad(&theta);
-        let (fast, _) = adapt(p, &theta, inner, |p| loss(p, s)).unwrap();
-        meta_backward(p, &fast, inner.second_order, |p| query_loss(p, q)).unwrap();
+        let ad = adapt(p, &theta, inner, |p| loss(p, s)).unwrap();
+        meta_backward(
+            p,
+            &theta,
+            &ad,
+            inner,
+            second,
+            |p| loss(p, s),
+            |p| query_loss(p, q),
+        )
+        .unwrap();
         let g = flat(&theta, true);
         zero_grad(&theta);
         g
@@ -751,9 +877,9 @@ mod tests {
     /// F(θ) = L_q(θ_i(θ)).
     fn meta_value(p: &mut Policy, s: &Data, q: &Data, inner: &InnerLoop) -> f64 {
         let theta = trainable(p);
-        let (fast, _) = adapt(p, &theta, inner, |p| loss(p, s)).unwrap();
+        let ad = adapt(p, &theta, inner, |p| loss(p, s)).unwrap();
         let v = p
-            .with_adapters(&fast, |p| query_loss(p, q))
+            .with_adapters(&ad.fast, |p| query_loss(p, q))
             .unwrap()
             .unwrap();
         v.0.double_value(&[])
@@ -772,17 +898,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut p = tiny_policy(dir.path());
         let (s, q) = (Data::new(1), Data::new(2));
-        let second = InnerLoop {
-            steps: 2,
-            lr: 0.5,
-            second_order: true,
-        };
-        let first = InnerLoop {
-            second_order: false,
-            ..second
-        };
-        let g2 = meta_grad(&mut p, &s, &q, &second);
-        let g1 = meta_grad(&mut p, &s, &q, &first);
+        let inner = InnerLoop { steps: 2, lr: 0.5 };
+        let g2 = meta_grad(&mut p, &s, &q, &inner, true);
+        let g1 = meta_grad(&mut p, &s, &q, &inner, false);
+        let first = inner;
         let theta = trainable(&p);
         tch::manual_seed(5);
         let dirs: Vec<Tensor> = theta.iter().map(|(_, t)| t.randn_like()).collect();
@@ -846,9 +965,8 @@ mod tests {
         let inner = InnerLoop {
             steps: 1,
             lr: alpha,
-            second_order: false,
         };
-        let got = meta_grad(&mut p, &s, &q, &inner);
+        let got = meta_grad(&mut p, &s, &q, &inner, false);
         assert!(
             got.allclose(&want, 1e-10, 1e-12, false),
             "FOMAML {got:?} vs by hand {want:?}"
@@ -872,7 +990,7 @@ mod tests {
         let want = &start + ((&ends[0] - &start) + (&ends[1] - &start)) * (eps / 2.0);
         let adapted: Vec<Weights> = [&s, &q]
             .iter()
-            .map(|d| adapt(&mut p, &theta, &inner, |p| loss(p, d)).unwrap().0)
+            .map(|d| adapt(&mut p, &theta, &inner, |p| loss(p, d)).unwrap().fast)
             .collect();
         reptile_update(&theta, &adapted, eps).unwrap();
         let got = flat(&theta, false);

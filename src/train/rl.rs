@@ -480,6 +480,8 @@ impl<'a> Trainer<'a> {
         if self.cfg.train.eval_before && self.step == 0 {
             self.evaluate_into(&mut events, observer)?;
         }
+        // The time budget counts training only, not the evaluation before.
+        let session = Instant::now();
         observer.on_start(self.step, steps);
         let mut metrics = JsonlWriter::open(&self.run_dir.join("metrics.jsonl"))?;
         let mut samples_log = JsonlWriter::open(&self.run_dir.join("samples.jsonl"))?;
@@ -503,9 +505,18 @@ impl<'a> Trainer<'a> {
             out.push(rec);
             self.step += 1;
             let every = self.cfg.train.checkpoint_every;
-            if self.step.is_multiple_of(every) || self.step == steps {
+            let budget = self.cfg.train.max_minutes;
+            let out_of_time = budget > 0.0 && session.elapsed().as_secs_f64() >= budget * 60.0;
+            if self.step.is_multiple_of(every) || self.step == steps || out_of_time {
                 let d = self.save_checkpoint()?;
                 observer.on_message(&format!("checkpoint {}", d.display()));
+            }
+            if out_of_time && self.step < steps {
+                observer.on_message(&format!(
+                    "stopping after step {}: the {budget} minute budget ([train] max_minutes) is spent",
+                    self.step
+                ));
+                break;
             }
         }
         if self.cfg.train.eval_after && !self.eval_path(self.step).exists() {

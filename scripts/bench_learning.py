@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""The learning benchmark of FALCON's meta-RL (see scripts/bench-learning for the arms)."""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "runs", "bench-learning")
+SFT = os.path.join(ROOT, "runs", "demo-sft", "step-20")
+
+ARMS = {
+    "a": ("initial (SFT)", None),
+    "b": ("PG, unit tests only", dict(meta="off", rewards="tests", fine=0.0, sl=0.0, long_term=True, inner=1)),
+    "c": ("FALCON", dict(meta=None, rewards="all", fine=1.0, sl=0.1, long_term=True, inner=1)),
+    "d": ("FALCON - long-term memory", dict(meta=None, rewards="all", fine=1.0, sl=0.1, long_term=False, inner=1)),
+    "e": ("FALCON - meta-loop", dict(meta="fomaml", rewards="all", fine=1.0, sl=0.1, long_term=True, inner=0)),
+}
+
+
+def config(arm, a, spec):
+    name = f"bench-learning-{arm}"
+    meta = spec["meta"] or a.algorithm if spec else "off"
+    off = 'style = "off"\ncomplexity = "off"\nnegative = "off"\n' if spec and spec["rewards"] == "tests" else ""
+    meta_section = "" if meta == "off" else f"""
+[meta]
+algorithm = "{meta}"
+inner_steps = {spec['inner']}
+inner_lr = {a.inner_lr}
+short_term_samples = 2
+long_term = {str(spec['long_term']).lower()}
+long_term_demos = {1 if spec['long_term'] else 0}
+"""
+    return f"""
+[run]
+name = "{name}"
+seed = 1
+output_dir = {json.dumps(OUT)}
+[model]
+path = "embedded:smollm2-135m-instruct"
+dtype = "fp32"
+device = "cpu"
+[model.lora]
+enabled = true
+rank = 16
+alpha = 32.0
+targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+[generation]
+max_new_tokens = 128
+temperature = 0.8
+top_p = 0.95
+stop = ["\\n```\\n"]
+[tasks]
+path = "data/easy_python.jsonl"
+tags = ["train"]
+[exec]
+timeout_s = 3.0
+[reward]
+judge = "static"
+{off}[memory]
+embedder = "hash"
+[train]
+steps = 100000
+tasks_per_step = 4
+group_size = 6
+lr = 5e-4
+warmup_steps = 2
+schedule = "constant"
+advantage = "group_mean"
+checkpoint_every = 5
+keep_last = 1
+eval_after = true
+max_minutes = {a.minutes}
+init_from = {json.dumps(SFT)}
+[train.loss]
+pg = 1.0
+fine = {spec['fine'] if spec else 0.0}
+sl = {spec['sl'] if spec else 0.0}
+[eval]
+tags = ["heldout"]
+n = {a.n}
+k = [1, 5]
+temperature = 0.8
+top_p = 0.95
+{meta_section}"""
+
+
+def falcon(*args, **kw):
+    return subprocess.run([os.environ["FALCON_BIN"], *args], check=True, **kw)
+
+
+def result_of(arm):
+    d = os.path.join(OUT, f"bench-learning-{arm}")
+    done = os.path.join(d, "done.json")
+    return json.load(open(done)) if os.path.exists(done) else None
+
+
+def run_arm(arm, a):
+    label, spec = ARMS[arm]
+    d = os.path.join(OUT, f"bench-learning-{arm}")
+    os.makedirs(d, exist_ok=True)
+    cpath = os.path.join(d, "bench.toml")
+    with open(cpath, "w") as f:
+        f.write(config(arm, a, spec))
+    t0 = time.time()
+    if spec is None:
+        out = os.path.join(d, "eval.json")
+        falcon("eval", "--config", cpath, "--checkpoint", SFT, "--out", out)
+        steps, curve = 0, []
+    else:
+        falcon("train", "--config", cpath)
+        metrics = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))]
+        steps = len(metrics)
+        curve = [round(m["pass_rate"], 3) for m in metrics]
+        out = os.path.join(d, "eval", f"step-{steps}.json")
+    res = json.load(open(out))
+    done = {"arm": arm, "label": label, "steps": steps, "wall_s": time.time() - t0, "eval": out,
+            "pass_at": res["pass_at"], "exec_at": res["exec_at"], "train_pass_rate": curve}
+    with open(os.path.join(d, "done.json"), "w") as f:
+        json.dump(done, f)
+    return done
+
+
+def mcnemar(x, y):
+    out = falcon("eval", "compare", x, y, capture_output=True, text=True).stdout
+    m = re.search(r"only by A (\d+), only by B (\d+), exact p = ([0-9.]+)", out)
+    return (int(m.group(1)), int(m.group(2)), float(m.group(3))) if m else None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minutes", type=float, default=60.0, help="training budget per arm")
+    ap.add_argument("--n", type=int, default=10, help="held-out samples per task")
+    ap.add_argument("--arms", default="abcde")
+    ap.add_argument("--algorithm", default="fomaml", choices=["maml", "fomaml", "reptile"])
+    ap.add_argument("--inner-lr", type=float, default=1.0)
+    a = ap.parse_args()
+    if a.n < 5:
+        sys.exit("--n must be >= 5 (pass@5)")
+    if not os.path.isdir(SFT):
+        print("SFT stage first: falcon sft --config configs/demo-sft.toml --resume", file=sys.stderr)
+        falcon("sft", "--config", os.path.join(ROOT, "configs", "demo-sft.toml"), "--resume")
+    results = {}
+    for arm in a.arms:
+        results[arm] = result_of(arm)
+        if results[arm] is None:
+            print(f"arm {arm}: {ARMS[arm][0]} ({a.minutes} min budget)", file=sys.stderr)
+            results[arm] = run_arm(arm, a)
+    lines = [f"Held-out easy Python tasks (20), n = {a.n} samples per task at T = 0.8, "
+             f"training budget {a.minutes} min per arm on this machine, meta = {a.algorithm}", "",
+             "| arm | | steps | pass@1 | pass@5 | exec@1 | vs c: only c / only arm, McNemar p |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for arm, r in results.items():
+        cmp = ""
+        if arm != "c" and "c" in results:
+            m = mcnemar(results["c"]["eval"], r["eval"])
+            cmp = f"{m[0]} / {m[1]}, p = {m[2]:.3f}" if m else "?"
+        lines.append(f"| {arm} | {r['label']} | {r['steps']} | {r['pass_at']['1']:.3f} | "
+                     f"{r['pass_at']['5']:.3f} | {r['exec_at']['1']:.3f} | {cmp} |")
+    lines += ["", "Training pass rate per step (samples generated that step):"]
+    for arm, r in results.items():
+        if r["train_pass_rate"]:
+            lines.append(f"- {arm}: {' '.join(f'{x:.2f}' for x in r['train_pass_rate'])}")
+    text = "\n".join(lines)
+    print(text)
+    with open(os.path.join(OUT, "summary.md"), "w") as f:
+        f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
