@@ -213,3 +213,39 @@ fn exec_reports_outcomes_and_rewards_per_sample() {
         text(&o)
     );
 }
+
+#[test]
+fn eval_compare_prints_both_sides_and_mcnemar() {
+    let d = tmpdir();
+    // Task i is solved by A when i < 6 and by B when 3 <= i < 10: 3 only by
+    // A, 4 only by B.
+    let result = |solved: &dyn Fn(usize) -> bool| {
+        let tasks: Vec<serde_json::Value> = (0..12)
+            .map(|i| {
+                let ok = solved(i);
+                serde_json::json!({"id": format!("t{i}"), "n": 1, "passed": ok as usize,
+                    "executed": 1, "samples": [{"completion": "", "outcome": if ok {"pass"} else {"WrongAnswer"},
+                    "passed": ok, "executed": true}]})
+            })
+            .collect();
+        let rate = (0..12).filter(|&i| solved(i)).count() as f64 / 12.0;
+        serde_json::json!({"tasks": tasks, "pass_at": {"1": rate}, "exec_at": {"1": 1.0},
+            "outcomes": {}, "samples_per_task": 1, "temperature": 0.0, "seconds": 1.0})
+    };
+    let (a, b) = (d.path().join("a.json"), d.path().join("b.json"));
+    std::fs::write(&a, result(&|i| i < 6).to_string()).unwrap();
+    std::fs::write(&b, result(&|i| (3..10).contains(&i)).to_string()).unwrap();
+    let o = falcon(&["eval", "compare", a.to_str().unwrap(), b.to_str().unwrap()]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("pass@1\t0.5000\t0.5833\t+0.0833"), "{t}");
+    // Two-sided exact binomial, 3 vs 4 discordant: p = 1.
+    assert!(
+        t.contains("solved only by A 3, only by B 4, exact p = 1.0000"),
+        "{t}"
+    );
+    std::fs::write(&b, "{\"tasks\": 3}").unwrap();
+    let o = falcon(&["eval", "compare", a.to_str().unwrap(), b.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("not an evaluation result"), "{}", text(&o));
+}

@@ -704,3 +704,15 @@ fn meta_resume_after_a_lost_checkpoint_reproduces_the_run_with_its_memories() {
     assert_eq!(long_term_rows(&run_dir), 3 + 4 * 6);
     assert_ne!(full[0].loss["total"], full[3].loss["total"]);
 }
+
+#[test]
+fn a_time_budget_stops_with_a_checkpoint() {
+    let dir = tmpdir();
+    setup(dir.path());
+    // A budget that is spent after the first step.
+    let (records, _) = run_with(dir.path(), 5, false, "budget", Mode::Rl, |c| {
+        c.train.max_minutes = 1e-9;
+    });
+    assert_eq!(records.len(), 1);
+    assert!(dir.path().join("runs/budget/step-1/manifest.json").is_file());
+}

@@ -81,37 +81,80 @@ fn leaves(w: &[(String, Tensor)]) -> Weights {
         .collect()
 }
 
-fn grads_of(
-    l: &Tensor,
-    at: &[(String, Tensor)],
-    create_graph: bool,
-) -> Result<Vec<Tensor>, TrainError> {
+fn grads_of(l: &Tensor, at: &[(String, Tensor)], create_graph: bool) -> Result<Vec<Tensor>, TrainError> {
     let inputs: Vec<&Tensor> = at.iter().map(|(_, t)| t).collect();
     Tensor::f_run_backward(&[l], &inputs, create_graph, create_graph)
         .map_err(|e| TrainError::Invalid(format!("meta-gradient: {e}")))
 }
 
+/// `acc += add`, where an undefined tensor is zero.
+fn accumulate(acc: &mut [Tensor], add: Vec<Tensor>) {
+    for (a, g) in acc.iter_mut().zip(add) {
+        if g.defined() {
+            *a = if a.defined() { &*a + g } else { g };
+        }
+    }
+}
+
+fn undefined(n: usize) -> Vec<Tensor> {
+    (0..n).map(|_| Tensor::new()).collect()
+}
+
+/// A loss evaluated in pieces (micro-batches): it hands each piece's loss,
+/// with its graph, to the sink, and returns the summed term values
+/// (`total` included). The pieces add up to the loss, so gradients and
+/// Hessian-vector products are sums over pieces, and a pass holds one
+/// piece's activations at a time.
+pub trait PieceLoss:
+    FnMut(
+    &mut Policy,
+    &mut dyn FnMut(Tensor) -> Result<(), TrainError>,
+) -> Result<BTreeMap<String, f64>, TrainError>
+{
+}
+
+impl<F> PieceLoss for F where
+    F: FnMut(
+        &mut Policy,
+        &mut dyn FnMut(Tensor) -> Result<(), TrainError>,
+    ) -> Result<BTreeMap<String, f64>, TrainError>
+{
+}
+
+/// The gradient of `loss` at `at` (swapped into the policy), summed over
+/// its pieces, and its term values.
+fn gradient(
+    policy: &mut Policy,
+    at: &[(String, Tensor)],
+    loss: &mut impl PieceLoss,
+) -> Result<(Vec<Tensor>, BTreeMap<String, f64>), TrainError> {
+    let mut grads = undefined(at.len());
+    let parts = policy.with_adapters(at, |p| {
+        loss(p, &mut |l: Tensor| {
+            if l.requires_grad() {
+                accumulate(&mut grads, grads_of(&l, at, false)?);
+            }
+            Ok(())
+        })
+    })??;
+    Ok((grads, parts))
+}
+
 /// Fast weights θ_i from θ by `inner.steps` SGD steps on `loss`, which is
 /// evaluated with the current fast weights swapped into the policy. No
-/// graph is kept: each step's is freed once its gradient is taken.
+/// graph is kept: each piece's is freed once its gradient is taken.
 pub fn adapt(
     policy: &mut Policy,
     theta: &[(String, Tensor)],
     inner: &InnerLoop,
-    mut loss: impl FnMut(&mut Policy) -> Result<Tensor, TrainError>,
+    mut loss: impl PieceLoss,
 ) -> Result<Adapted, TrainError> {
     let mut at = leaves(theta);
     let mut path = Vec::with_capacity(inner.steps);
     let mut losses = Vec::with_capacity(inner.steps);
     for _ in 0..inner.steps {
-        let l = policy.with_adapters(&at, &mut loss)??;
-        losses.push(l.double_value(&[]));
-        let grads = if l.requires_grad() {
-            grads_of(&l, &at, false)?
-        } else {
-            // Nothing in the mini-batch reaches the adapters.
-            at.iter().map(|_| Tensor::new()).collect()
-        };
+        let (grads, parts) = gradient(policy, &at, &mut loss)?;
+        losses.push(parts.get("total").copied().unwrap_or(0.0));
         let next = tch::no_grad(|| sgd_fast_weights(&at, &grads, inner.lr))?;
         path.push(std::mem::replace(&mut at, leaves(&next)));
     }
@@ -129,58 +172,57 @@ pub fn adapt(
 /// applies v to θ. Second order carries it back through the inner steps,
 /// `v ← v − α·H_s(θ_k)·v` for k = K−1 … 0 (the Jacobian of an SGD step is
 /// `I − α·H`), with each Hessian-vector product taken by differentiating
-/// `⟨∇L_s(θ_k), v⟩` again. This is exactly MAML's gradient through the
-/// inner steps, but only one inner step's double-backward graph is alive at
-/// a time (its forward pass is recomputed), not all of them plus the query
-/// pass. Double backward needs the composite attention kernel.
+/// `⟨∇L_s(θ_k), v⟩` again, piece by piece. This is exactly MAML's gradient
+/// through the inner steps, but only one piece's double-backward graph is
+/// alive at a time (the forward pass is recomputed), never the whole
+/// unrolled loop plus the query pass. Double backward needs the composite
+/// attention kernel.
 pub fn meta_backward(
     policy: &mut Policy,
     theta: &[(String, Tensor)],
     adapted: &Adapted,
     inner: &InnerLoop,
     second_order: bool,
-    mut inner_loss: impl FnMut(&mut Policy) -> Result<Tensor, TrainError>,
-    query_loss: impl FnOnce(&mut Policy) -> Result<(Tensor, BTreeMap<String, f64>), TrainError>,
+    mut inner_loss: impl PieceLoss,
+    mut query_loss: impl PieceLoss,
 ) -> Result<BTreeMap<String, f64>, TrainError> {
-    let (l, mut parts) = policy.with_adapters(&adapted.fast, query_loss)??;
-    parts.insert("total".into(), l.double_value(&[]));
-    if !l.requires_grad() {
+    let (mut v, parts) = gradient(policy, &adapted.fast, &mut query_loss)?;
+    if v.iter().all(|t| !t.defined()) {
         return Ok(parts);
     }
-    let mut v = grads_of(&l, &adapted.fast, false)?;
-    drop(l);
     if second_order {
         policy.model.set_math_attention(true);
         let back = (|| -> Result<(), TrainError> {
             for at in adapted.path.iter().rev() {
                 let at = leaves(at);
-                let ls = policy.with_adapters(&at, &mut inner_loss)??;
-                if !ls.requires_grad() {
-                    continue;
-                }
-                let g = grads_of(&ls, &at, true)?;
-                let mut dot: Option<Tensor> = None;
-                for (gj, vj) in g.iter().zip(&v) {
-                    if gj.defined() && vj.defined() {
-                        let t = (gj * vj.detach()).sum(gj.kind());
-                        dot = Some(match dot {
-                            Some(d) => d + t,
-                            None => t,
-                        });
+                let mut hv = undefined(at.len());
+                policy.with_adapters(&at, |p| {
+                    inner_loss(p, &mut |l: Tensor| {
+                        if !l.requires_grad() {
+                            return Ok(());
+                        }
+                        let g = grads_of(&l, &at, true)?;
+                        let mut dot: Option<Tensor> = None;
+                        for (gj, vj) in g.iter().zip(&v) {
+                            if gj.defined() && vj.defined() {
+                                let t = (gj * vj).sum(gj.kind());
+                                dot = Some(match dot {
+                                    Some(d) => d + t,
+                                    None => t,
+                                });
+                            }
+                        }
+                        if let Some(dot) = dot.filter(|d| d.requires_grad()) {
+                            accumulate(&mut hv, grads_of(&dot, &at, false)?);
+                        }
+                        Ok(())
+                    })
+                })??;
+                for (vj, h) in v.iter_mut().zip(&hv) {
+                    if vj.defined() && h.defined() {
+                        *vj = &*vj - h * inner.lr;
                     }
                 }
-                let Some(dot) = dot.filter(|d| d.requires_grad()) else {
-                    continue;
-                };
-                let hv = grads_of(&dot, &at, false)?;
-                v = v
-                    .iter()
-                    .zip(&hv)
-                    .map(|(vj, h)| match (vj.defined(), h.defined()) {
-                        (true, true) => vj - h * inner.lr,
-                        _ => vj.shallow_clone(),
-                    })
-                    .collect();
             }
             Ok(())
         })();
@@ -600,8 +642,9 @@ impl Trainer<'_> {
             extra.extend(self.demos_from(&hits[i], task, m.long_term_demos)?);
             let mut batch: Vec<UpdateSeq> = support_seqs[i * g..(i + 1) * g].to_vec();
             batch.extend(extra.iter().map(OwnedSeq::as_seq));
-            let inner_loss = |p: &mut Policy| -> Result<Tensor, TrainError> {
-                Ok(seqs_loss(p, &batch, t.normalization, &t.loss, true)?.0)
+            let mb = t.micro_batch;
+            let inner_loss = |p: &mut Policy, sink: &mut dyn FnMut(Tensor) -> Result<(), TrainError>| {
+                seqs_loss(p, &batch, mb, t.normalization, &t.loss, sink)
             };
             if m.inner_steps == 0 {
                 // No adaptation (θ_i = θ): FALCON's memories and rewards in
@@ -613,7 +656,7 @@ impl Trainer<'_> {
                     &inner,
                     false,
                     inner_loss,
-                    |p| seqs_loss(p, &batch, t.normalization, &t.loss, true),
+                    inner_loss,
                 )?;
                 for (k, v) in parts {
                     *loss.entry(k).or_insert(0.0) += v;
@@ -642,17 +685,19 @@ impl Trainer<'_> {
             let qr = qr?;
             outside += seconds.values().sum::<f64>() - before;
             // Line 14: L_meta = Σ_i L_inner(θ_i) on the evaluation samples.
+            let qs = qr.seqs();
+            let query_loss = |p: &mut Policy, sink: &mut dyn FnMut(Tensor) -> Result<(), TrainError>| {
+                seqs_loss(p, &qs, mb, t.normalization, &t.loss, sink)
+            };
             let parts = match m.algorithm {
                 MetaAlgorithm::Reptile => {
+                    // Logged only: Reptile's update does not use the query loss.
                     let parts = tch::no_grad(|| {
-                        self.policy.with_adapters(&ad.fast, |p| {
-                            seqs_loss(p, &qr.seqs(), t.normalization, &t.loss, false)
-                        })
+                        self.policy
+                            .with_adapters(&ad.fast, |p| query_loss(p, &mut |_| Ok(())))
                     })??;
                     adapted.push(ad.fast);
-                    let mut v = parts.1;
-                    v.insert("total".into(), parts.0.double_value(&[]));
-                    v
+                    parts
                 }
                 _ => meta_backward(
                     self.policy,
@@ -661,9 +706,10 @@ impl Trainer<'_> {
                     &inner,
                     second_order,
                     inner_loss,
-                    |p| seqs_loss(p, &qr.seqs(), t.normalization, &t.loss, true),
+                    query_loss,
                 )?,
             };
+            drop(qs);
             for (k, v) in parts {
                 *loss.entry(k).or_insert(0.0) += v;
             }
@@ -837,12 +883,25 @@ mod tests {
     /// what the check is about.
     const W_QUERY: LossWeights = LossWeights { pg: 0.0, ..W };
 
-    fn loss(p: &mut Policy, d: &Data) -> Result<Tensor, TrainError> {
-        Ok(seqs_loss(p, &d.seqs(), Normalization::TokenMean, &W, true)?.0)
+    /// The loss of `d` with weights `w`, in pieces of `size` sequences.
+    fn pieces<'d>(d: &'d Data, w: &'d LossWeights, size: usize) -> impl PieceLoss + 'd {
+        move |p: &mut Policy, sink: &mut dyn FnMut(Tensor) -> Result<(), TrainError>| {
+            seqs_loss(p, &d.seqs(), size, Normalization::TokenMean, w, sink)
+        }
     }
 
-    fn query_loss(p: &mut Policy, d: &Data) -> Result<(Tensor, BTreeMap<String, f64>), TrainError> {
-        seqs_loss(p, &d.seqs(), Normalization::TokenMean, &W_QUERY, true)
+    /// The loss of `d` as one tensor.
+    fn whole(p: &mut Policy, d: &Data, w: &LossWeights) -> Tensor {
+        let mut total: Option<Tensor> = None;
+        seqs_loss(p, &d.seqs(), 0, Normalization::TokenMean, w, &mut |l| {
+            total = Some(match total.take() {
+                Some(t) => t + l,
+                None => l,
+            });
+            Ok(())
+        })
+        .unwrap();
+        total.unwrap()
     }
 
     fn flat(ws: &[(String, Tensor)], grad: bool) -> Tensor {
@@ -854,19 +913,26 @@ mod tests {
         )
     }
 
-    /// θ.grad after one task's meta-gradient with `inner`.
-    fn meta_grad(p: &mut Policy, s: &Data, q: &Data, inner: &InnerLoop, second: bool) -> Tensor {
+    /// θ.grad after one task's meta-gradient with `inner`, the losses in
+    /// pieces of `size` sequences.
+    fn meta_grad(
+        p: &mut Policy,
+        (s, q): (&Data, &Data),
+        inner: &InnerLoop,
+        second: bool,
+        size: usize,
+    ) -> Tensor {
         let theta = trainable(p);
         zero_grad(&theta);
-        let ad = adapt(p, &theta, inner, |p| loss(p, s)).unwrap();
+        let ad = adapt(p, &theta, inner, pieces(s, &W, size)).unwrap();
         meta_backward(
             p,
             &theta,
             &ad,
             inner,
             second,
-            |p| loss(p, s),
-            |p| query_loss(p, q),
+            pieces(s, &W, size),
+            pieces(q, &W_QUERY, size),
         )
         .unwrap();
         let g = flat(&theta, true);
@@ -877,12 +943,9 @@ mod tests {
     /// F(θ) = L_q(θ_i(θ)).
     fn meta_value(p: &mut Policy, s: &Data, q: &Data, inner: &InnerLoop) -> f64 {
         let theta = trainable(p);
-        let ad = adapt(p, &theta, inner, |p| loss(p, s)).unwrap();
-        let v = p
-            .with_adapters(&ad.fast, |p| query_loss(p, q))
-            .unwrap()
-            .unwrap();
-        v.0.double_value(&[])
+        let ad = adapt(p, &theta, inner, pieces(s, &W, 0)).unwrap();
+        let v = p.with_adapters(&ad.fast, |p| whole(p, q, &W_QUERY)).unwrap();
+        v.double_value(&[])
     }
 
     fn shift(theta: &[(String, Tensor)], dir: &[Tensor], h: f64) {
@@ -899,8 +962,12 @@ mod tests {
         let mut p = tiny_policy(dir.path());
         let (s, q) = (Data::new(1), Data::new(2));
         let inner = InnerLoop { steps: 2, lr: 0.5 };
-        let g2 = meta_grad(&mut p, &s, &q, &inner, true);
-        let g1 = meta_grad(&mut p, &s, &q, &inner, false);
+        let g2 = meta_grad(&mut p, (&s, &q), &inner, true, 0);
+        let g1 = meta_grad(&mut p, (&s, &q), &inner, false, 0);
+        // In micro-batches of one sequence: the same gradient (the pieces
+        // add up, and so do their Hessian-vector products).
+        let g2_pieces = meta_grad(&mut p, (&s, &q), &inner, true, 1);
+        assert!(g2_pieces.allclose(&g2, 1e-9, 1e-12, false));
         let first = inner;
         let theta = trainable(&p);
         tch::manual_seed(5);
@@ -941,7 +1008,7 @@ mod tests {
         let by_hand_step = |p: &mut Policy, d: &Data| {
             let theta = trainable(p);
             zero_grad(&theta);
-            loss(p, d).unwrap().backward();
+            whole(p, d, &W).backward();
             tch::no_grad(|| {
                 for (_, t) in &theta {
                     let g = t.grad();
@@ -958,7 +1025,7 @@ mod tests {
             })
         };
         by_hand_step(&mut p, &s);
-        query_loss(&mut p, &q).unwrap().0.backward();
+        whole(&mut p, &q, &W_QUERY).backward();
         let want = flat(&theta, true);
         zero_grad(&theta);
         restore(&theta);
@@ -966,7 +1033,7 @@ mod tests {
             steps: 1,
             lr: alpha,
         };
-        let got = meta_grad(&mut p, &s, &q, &inner, false);
+        let got = meta_grad(&mut p, (&s, &q), &inner, false, 0);
         assert!(
             got.allclose(&want, 1e-10, 1e-12, false),
             "FOMAML {got:?} vs by hand {want:?}"
@@ -990,7 +1057,7 @@ mod tests {
         let want = &start + ((&ends[0] - &start) + (&ends[1] - &start)) * (eps / 2.0);
         let adapted: Vec<Weights> = [&s, &q]
             .iter()
-            .map(|d| adapt(&mut p, &theta, &inner, |p| loss(p, d)).unwrap().fast)
+            .map(|d| adapt(&mut p, &theta, &inner, pieces(d, &W, 0)).unwrap().fast)
             .collect();
         reptile_update(&theta, &adapted, eps).unwrap();
         let got = flat(&theta, false);

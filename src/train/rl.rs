@@ -1094,31 +1094,65 @@ fn mb_loss(
     Ok(total_loss(&terms))
 }
 
-/// The loss of `seqs` in one pass with the policy as it is now (fast
-/// weights included), keeping the graph: MAML's `L_inner`. On-policy (no
-/// ratio clipping); KL to the base model when `w.kl > 0`.
+/// `seqs` in micro-batches of at most `size` sequences (0 = one), each
+/// with its share of every term's whole-batch normaliser, so that their
+/// losses add up to the one-pass loss; with `kl`, each also carries the
+/// base model's log-probs (the reference: the same weights with every
+/// adapter switched off).
+fn micro_batches(
+    policy: &mut Policy,
+    seqs: &[UpdateSeq],
+    size: usize,
+    norm: Normalization,
+    kl: bool,
+) -> Result<Vec<MicroBatch>, TrainError> {
+    let all: Vec<&UpdateSeq> = seqs.iter().collect();
+    let whole = normalisers(&all, norm);
+    let size = if size == 0 { all.len() } else { size }.max(1);
+    let mut out = Vec::new();
+    for chunk in all.chunks(size) {
+        let mut mb = micro_batch(chunk, policy.device());
+        mb.share = normalisers(chunk, norm)
+            .iter()
+            .map(|(k, v)| (*k, v / whole[k].max(1.0)))
+            .collect();
+        if kl {
+            policy.set_lora_enabled(false);
+            let r = tch::no_grad(|| batch_logprobs(policy, &mb, false));
+            policy.set_lora_enabled(true);
+            mb.reference = Some(r?);
+        }
+        out.push(mb);
+    }
+    Ok(out)
+}
+
+/// The on-policy loss of `seqs` (no ratio clipping) with the policy as it
+/// is now (fast weights included), in micro-batches of at most `size`
+/// sequences: `piece` gets each micro-batch's loss with its graph (they add
+/// up to the one-pass loss), and the summed term values, `total` included,
+/// come back. MAML's `L_inner`, whose passes then hold one micro-batch's
+/// activations at a time.
 pub(super) fn seqs_loss(
     policy: &mut Policy,
     seqs: &[UpdateSeq],
+    size: usize,
     norm: Normalization,
     w: &crate::config::LossWeights,
-    train: bool,
-) -> Result<(Tensor, BTreeMap<String, f64>), TrainError> {
-    let all: Vec<&UpdateSeq> = seqs.iter().collect();
-    let mut mb = micro_batch(&all, policy.device());
-    mb.share = normalisers(&all, norm)
-        .into_keys()
-        .map(|k| (k, 1.0))
-        .collect();
-    if w.kl > 0.0 {
-        policy.set_lora_enabled(false);
-        let r = tch::no_grad(|| batch_logprobs(policy, &mb, false));
-        policy.set_lora_enabled(true);
-        mb.reference = Some(r?);
+    piece: &mut dyn FnMut(Tensor) -> Result<(), TrainError>,
+) -> Result<BTreeMap<String, f64>, TrainError> {
+    let mut sum: BTreeMap<String, f64> = BTreeMap::new();
+    for mb in micro_batches(policy, seqs, size, norm, w.kl > 0.0)? {
+        let logp = batch_logprobs(policy, &mb, true)?;
+        let old = logp.detach();
+        let (l, parts) = mb_loss(&mb, &logp, old, None, norm, w)?;
+        *sum.entry("total".into()).or_insert(0.0) += l.double_value(&[]);
+        for (k, v) in parts {
+            *sum.entry(k).or_insert(0.0) += v;
+        }
+        piece(l)?;
     }
-    let logp = batch_logprobs(policy, &mb, train)?;
-    let old = logp.detach();
-    mb_loss(&mb, &logp, old, None, norm, w)
+    Ok(sum)
 }
 
 impl Trainer<'_> {
@@ -1135,34 +1169,13 @@ impl Trainer<'_> {
         w: &crate::config::LossWeights,
     ) -> Result<(BTreeMap<String, f64>, f64), TrainError> {
         let t = self.cfg.train.clone();
-        let device = self.policy.device();
-        let all: Vec<&UpdateSeq> = seqs.iter().collect();
-        let whole = normalisers(&all, t.normalization);
-        let size = if t.micro_batch == 0 {
-            seqs.len()
-        } else {
-            t.micro_batch
-        }
-        .max(1);
-        let use_kl = w.kl > 0.0;
-        let mut micro: Vec<MicroBatch> = Vec::new();
-        for chunk in all.chunks(size) {
-            let mut mb = micro_batch(chunk, device);
-            let part = normalisers(chunk, t.normalization);
-            mb.share = part
-                .iter()
-                .map(|(k, v)| (*k, v / whole[k].max(1.0)))
-                .collect();
-            if use_kl {
-                // The reference is the base model: the same weights with
-                // every adapter switched off.
-                self.policy.set_lora_enabled(false);
-                let r = tch::no_grad(|| batch_logprobs(self.policy, &mb, false));
-                self.policy.set_lora_enabled(true);
-                mb.reference = Some(r?);
-            }
-            micro.push(mb);
-        }
+        let mut micro = micro_batches(
+            self.policy,
+            seqs,
+            t.micro_batch,
+            t.normalization,
+            w.kl > 0.0,
+        )?;
         let clip = (t.ppo_epochs > 1).then_some(t.clip_eps);
         let params = trainable(self.policy);
         let mut first: Option<(BTreeMap<String, f64>, f64)> = None;
