@@ -313,6 +313,11 @@ struct EvalArgs {
     /// Where the result JSON goes (default: print the summary only).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Prompt with FALCON's Table 7: the `[memory] top_k` most similar
+    /// entries of this run's long-term memory (`RUN_DIR/memory.sqlite`,
+    /// searched with `[memory] embedder`) instead of the zero-shot prompt.
+    #[arg(long, value_name = "RUN_DIR")]
+    memory: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -1255,13 +1260,18 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
         None => load_config_policy(&cfg)?,
     };
     let sandbox = Sandbox::new(&cfg.exec)?;
+    let list: Vec<&falcon_rl::task::Task> = tasks.iter().collect();
+    let prompts = match &args.memory {
+        Some(run_dir) => Some(memory_prompts(&cfg, run_dir, &list)?),
+        None => None,
+    };
     let spec = EvalSpec {
         instruction: &cfg.train.instruction,
         generation: &cfg.generation,
         eval: &cfg.eval,
         seed: falcon_rl::eval::seed_of(&cfg),
+        prompts: prompts.as_deref(),
     };
-    let list: Vec<&falcon_rl::task::Task> = tasks.iter().collect();
     let bar = progress_bar(list.len() as u64 * cfg.eval.n as u64, "samples");
     let result = evaluate(&policy, &list, &sandbox, &spec, &mut |done, _| {
         if let Some(b) = &bar {
@@ -1295,6 +1305,40 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
         eprintln!("falcon: per-task results in {}", out.display());
     }
     Ok(())
+}
+
+/// FALCON's Table 7 prompts for `tasks` from the long-term memory of
+/// `run_dir` (read only: nothing is added).
+fn memory_prompts(
+    cfg: &RunConfig,
+    run_dir: &Path,
+    tasks: &[&falcon_rl::task::Task],
+) -> Result<Vec<String>> {
+    use falcon_rl::memory::{embedder_from_config, index_from_config, LongTerm, MemoryStore};
+    if !run_dir.join("memory.sqlite").is_file() {
+        return Err(UsageError(format!(
+            "--memory {}: no memory.sqlite there (a run with [meta] long_term = true writes it)",
+            run_dir.display()
+        ))
+        .into());
+    }
+    let device = falcon_rl::train::rl::device_of(cfg);
+    let embedder = embedder_from_config(&cfg.memory, device)?;
+    let index = index_from_config(&cfg.memory, embedder.dim(), device)?;
+    let mut lt = LongTerm::with_store(MemoryStore::open(run_dir)?, embedder.as_ref(), index)?;
+    let texts: Vec<&str> = tasks.iter().map(|t| t.prompt.as_str()).collect();
+    let hits = lt.retrieve(embedder.as_ref(), &texts, cfg.memory.top_k)?;
+    eprintln!(
+        "falcon: prompts with {} retrieved entries per task from {} ({} stored)",
+        cfg.memory.top_k,
+        run_dir.display(),
+        lt.store().count_long_term()?
+    );
+    Ok(tasks
+        .iter()
+        .zip(&hits)
+        .map(|(t, h)| falcon_rl::rollout::falcon_prompt(t, h))
+        .collect())
 }
 
 fn cmd_eval_compare(a: &Path, b: &Path) -> Result<()> {

@@ -247,5 +247,9 @@ fn eval_compare_prints_both_sides_and_mcnemar() {
     std::fs::write(&b, "{\"tasks\": 3}").unwrap();
     let o = falcon(&["eval", "compare", a.to_str().unwrap(), b.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("not an evaluation result"), "{}", text(&o));
+    assert!(
+        text(&o).contains("not an evaluation result"),
+        "{}",
+        text(&o)
+    );
 }

@@ -666,6 +666,29 @@ fn meta_algorithms_train_and_fill_both_memories() {
         let samples = std::fs::read_to_string(run_dir.join("samples.jsonl")).unwrap();
         assert_eq!(samples.lines().count(), 24);
     }
+    // FALCON's prompt from that memory: neighbours, never the task's own entries.
+    use falcon_rl::memory::{Embedder, ExactIndex, HashEmbedder, LongTerm, MemoryStore};
+    let run_dir = dir.path().join("runs/fomaml");
+    let emb = HashEmbedder::new(384).unwrap();
+    let index = Box::new(ExactIndex::new(emb.dim(), Device::Cpu));
+    let mut lt = LongTerm::with_store(MemoryStore::open(&run_dir).unwrap(), &emb, index).unwrap();
+    let tasks = TaskSet::load(
+        &dir.path().join("tasks.jsonl"),
+        TaskFormat::Auto,
+        LoadOptions::default(),
+    )
+    .unwrap();
+    let add = tasks.iter().find(|t| t.id == "add").unwrap();
+    let hits = lt.retrieve(&emb, &[add.prompt.as_str()], 15).unwrap();
+    let own = hits[0].iter().filter(|h| h.record.task_id == "add").count();
+    assert!(own > 0 && own < hits[0].len(), "{own} of {}", hits[0].len());
+    let p = falcon_rl::rollout::falcon_prompt(add, &hits[0]);
+    assert_eq!(
+        p.matches("- Historical Task:").count(),
+        hits[0].len() - own,
+        "{p}"
+    );
+    assert!(p.contains(&add.prompt));
 }
 
 #[test]
@@ -714,5 +737,8 @@ fn a_time_budget_stops_with_a_checkpoint() {
         c.train.max_minutes = 1e-9;
     });
     assert_eq!(records.len(), 1);
-    assert!(dir.path().join("runs/budget/step-1/manifest.json").is_file());
+    assert!(dir
+        .path()
+        .join("runs/budget/step-1/manifest.json")
+        .is_file());
 }

@@ -164,6 +164,9 @@ pub struct EvalSpec<'a> {
     pub generation: &'a GenerationConfig,
     pub eval: &'a EvalConfig,
     pub seed: u64,
+    /// One prompt per task (e.g. FALCON's Table 7 with retrieved memory);
+    /// `None` is the zero-shot prompt from `instruction`.
+    pub prompts: Option<&'a [String]>,
 }
 
 /// The sampler seed of every evaluation a run config makes (training's
@@ -193,11 +196,21 @@ pub fn evaluate(
     let mut gen = spec.generation.clone();
     gen.temperature = e.temperature;
     gen.top_p = e.top_p;
+    if let Some(p) = spec.prompts.filter(|p| p.len() != tasks.len()) {
+        return Err(EvalError::Invalid(format!(
+            "{} prompts for {} tasks",
+            p.len(),
+            tasks.len()
+        )));
+    }
     let jobs: Vec<(usize, String)> = tasks
         .iter()
         .enumerate()
         .flat_map(|(i, t)| {
-            let p = task_prompt(spec.instruction, t);
+            let p = match spec.prompts {
+                Some(p) => p[i].clone(),
+                None => task_prompt(spec.instruction, t),
+            };
             std::iter::repeat_n((i, p), n)
         })
         .collect();

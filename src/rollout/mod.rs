@@ -1,10 +1,11 @@
 //! Prompt building for rollouts. Today: the zero-shot strategy (one user
-//! message: an instruction and the task) and the generation parameters a
-//! run config implies. FALCON's memory prompt lives in
-//! `memory::long_term::table7_prompt`; MEMCoder, MemoCoder and self-repair
-//! strategies land here with the evaluation work.
+//! message: an instruction and the task), FALCON's prompt with retrieved
+//! long-term memory (Table 7, rendered by `memory::long_term::table7_prompt`)
+//! and the generation parameters a run config implies. MEMCoder, MemoCoder
+//! and self-repair strategies land here with the evaluation work.
 
 use crate::config::GenerationConfig;
+use crate::memory::long_term::{table7_prompt, Retrieved};
 use crate::model::sampling::Sampler;
 use crate::model::GenerationParams;
 use crate::task::Task;
@@ -14,11 +15,33 @@ use crate::task::Task;
 /// (without showing any test).
 pub fn task_prompt(instruction: &str, task: &Task) -> String {
     let mut p = format!("{instruction}\n\n{}", task.prompt.trim_end());
-    if !task.entry_point.is_empty() && !task.prompt.contains(&task.entry_point) {
-        p.push_str(&format!(
-            "\nThe function must be named `{}`.",
-            task.entry_point
-        ));
+    if let Some(hint) = name_hint(task) {
+        p.push('\n');
+        p.push_str(&hint);
+    }
+    p
+}
+
+/// "The function must be named `f`." when the task's prompt does not name
+/// the function its tests call.
+pub fn name_hint(task: &Task) -> Option<String> {
+    (!task.entry_point.is_empty() && !task.prompt.contains(&task.entry_point))
+        .then(|| format!("The function must be named `{}`.", task.entry_point))
+}
+
+/// FALCON's Table 7 prompt for `task` from what long-term memory retrieved
+/// for it. Entries of the task itself are left out: retrieval must never
+/// hand a task its own answer.
+pub fn falcon_prompt(task: &Task, hits: &[Retrieved]) -> String {
+    let others: Vec<Retrieved> = hits
+        .iter()
+        .filter(|r| r.record.task_id != task.id)
+        .cloned()
+        .collect();
+    let mut p = table7_prompt(&task.prompt, &others);
+    if let Some(hint) = name_hint(task) {
+        p.push_str(&hint);
+        p.push('\n');
     }
     p
 }

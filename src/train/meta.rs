@@ -28,7 +28,7 @@ use super::rl::{
 };
 use crate::config::{MetaAlgorithm, RunConfig};
 use crate::exec::RewardClass;
-use crate::memory::long_term::{table7_prompt, Experience, Retrieved};
+use crate::memory::long_term::{Experience, Retrieved};
 use crate::memory::short_term::{Batch, Sample};
 use crate::memory::{
     embedder_from_config, index_from_config, Embedder, LongTerm, MemoryError, MemoryStore,
@@ -36,7 +36,7 @@ use crate::memory::{
 };
 use crate::model::Policy;
 use crate::reward::{code_in_completion, TokenSpan};
-use crate::rollout::task_prompt;
+use crate::rollout::{falcon_prompt, task_prompt};
 use crate::task::Task;
 
 /// Named tensors: the trainable weights θ or one task's fast weights θ_i.
@@ -81,7 +81,11 @@ fn leaves(w: &[(String, Tensor)]) -> Weights {
         .collect()
 }
 
-fn grads_of(l: &Tensor, at: &[(String, Tensor)], create_graph: bool) -> Result<Vec<Tensor>, TrainError> {
+fn grads_of(
+    l: &Tensor,
+    at: &[(String, Tensor)],
+    create_graph: bool,
+) -> Result<Vec<Tensor>, TrainError> {
     let inputs: Vec<&Tensor> = at.iter().map(|(_, t)| t).collect();
     Tensor::f_run_backward(&[l], &inputs, create_graph, create_graph)
         .map_err(|e| TrainError::Invalid(format!("meta-gradient: {e}")))
@@ -538,22 +542,7 @@ impl Trainer<'_> {
                 let prompts = tasks
                     .iter()
                     .zip(&hits)
-                    .map(|(t, h)| {
-                        // Retrieval must not hand a task its own answer.
-                        let others: Vec<Retrieved> = h
-                            .iter()
-                            .filter(|r| r.record.task_id != t.id)
-                            .cloned()
-                            .collect();
-                        let mut p = table7_prompt(&t.prompt, &others);
-                        if !t.entry_point.is_empty() && !t.prompt.contains(&t.entry_point) {
-                            p.push_str(&format!(
-                                "The function must be named `{}`.\n",
-                                t.entry_point
-                            ));
-                        }
-                        p
-                    })
+                    .map(|(t, h)| falcon_prompt(t, h))
                     .collect();
                 Ok((prompts, hits))
             }
@@ -643,9 +632,10 @@ impl Trainer<'_> {
             let mut batch: Vec<UpdateSeq> = support_seqs[i * g..(i + 1) * g].to_vec();
             batch.extend(extra.iter().map(OwnedSeq::as_seq));
             let mb = t.micro_batch;
-            let inner_loss = |p: &mut Policy, sink: &mut dyn FnMut(Tensor) -> Result<(), TrainError>| {
-                seqs_loss(p, &batch, mb, t.normalization, &t.loss, sink)
-            };
+            let inner_loss =
+                |p: &mut Policy, sink: &mut dyn FnMut(Tensor) -> Result<(), TrainError>| {
+                    seqs_loss(p, &batch, mb, t.normalization, &t.loss, sink)
+                };
             if m.inner_steps == 0 {
                 // No adaptation (θ_i = θ): FALCON's memories and rewards in
                 // a single-level update, the "without the meta-loop" arm.
@@ -686,9 +676,10 @@ impl Trainer<'_> {
             outside += seconds.values().sum::<f64>() - before;
             // Line 14: L_meta = Σ_i L_inner(θ_i) on the evaluation samples.
             let qs = qr.seqs();
-            let query_loss = |p: &mut Policy, sink: &mut dyn FnMut(Tensor) -> Result<(), TrainError>| {
-                seqs_loss(p, &qs, mb, t.normalization, &t.loss, sink)
-            };
+            let query_loss =
+                |p: &mut Policy, sink: &mut dyn FnMut(Tensor) -> Result<(), TrainError>| {
+                    seqs_loss(p, &qs, mb, t.normalization, &t.loss, sink)
+                };
             let parts = match m.algorithm {
                 MetaAlgorithm::Reptile => {
                     // Logged only: Reptile's update does not use the query loss.
@@ -944,7 +935,9 @@ mod tests {
     fn meta_value(p: &mut Policy, s: &Data, q: &Data, inner: &InnerLoop) -> f64 {
         let theta = trainable(p);
         let ad = adapt(p, &theta, inner, pieces(s, &W, 0)).unwrap();
-        let v = p.with_adapters(&ad.fast, |p| whole(p, q, &W_QUERY)).unwrap();
+        let v = p
+            .with_adapters(&ad.fast, |p| whole(p, q, &W_QUERY))
+            .unwrap();
         v.double_value(&[])
     }
 
@@ -1057,7 +1050,11 @@ mod tests {
         let want = &start + ((&ends[0] - &start) + (&ends[1] - &start)) * (eps / 2.0);
         let adapted: Vec<Weights> = [&s, &q]
             .iter()
-            .map(|d| adapt(&mut p, &theta, &inner, pieces(d, &W, 0)).unwrap().fast)
+            .map(|d| {
+                adapt(&mut p, &theta, &inner, pieces(d, &W, 0))
+                    .unwrap()
+                    .fast
+            })
             .collect();
         reptile_update(&theta, &adapted, eps).unwrap();
         let got = flat(&theta, false);

@@ -551,6 +551,7 @@ impl<'a> Trainer<'a> {
             // One seed for every evaluation of the run, so before and after
             // see the same sampler noise (and `falcon eval` the same too).
             seed: crate::eval::seed_of(&self.cfg),
+            prompts: None,
         };
         observer.on_message(&format!(
             "evaluating step {} on {} tasks ({} samples each)",
