@@ -103,6 +103,8 @@ def main():
     ap.add_argument("--long-term", action="store_true",
                     help="Table 7 prompts in the meta run (longer sequences than the single-level run's)")
     ap.add_argument("--limit-gib", type=float, default=16.0, help="stop a run whose RSS passes this")
+    ap.add_argument("--meta-micro-batch", type=int, default=0,
+                    help="[train] micro_batch of the meta run (its inner, query and Hessian-vector passes)")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="falcon-bench-meta-memory-")
     try:
@@ -118,7 +120,7 @@ def main():
         peaks, recs = {}, {}
         # The single-level update in one pass (micro_batch 0, the default) and in micro-batches
         # of one task's worth of samples, which is what the meta-step's passes hold.
-        runs = [("single", False, 0), ("single-mb", False, 2 * a.group), ("meta", True, 0)]
+        runs = [("single", False, 0), ("single-mb", False, 2 * a.group), ("meta", True, a.meta_micro_batch)]
         for name, meta, mb in runs:
             cpath = os.path.join(work, f"{name}.toml")
             with open(cpath, "w") as f:
@@ -136,7 +138,7 @@ def main():
         print(f"single-level step: {recs['single']['samples']} samples, {recs['single']['tokens_generated']} tokens, peak RSS {s:8.1f} MiB")
         print(f"single-level step, micro_batch {2 * a.group}: {recs['single-mb']['samples']} samples, "
               f"{recs['single-mb']['tokens_generated']} tokens, peak RSS {smb:8.1f} MiB")
-        print(f"meta step ({a.algorithm}, 2 inner steps): {recs['meta']['samples']} samples, "
+        print(f"meta step ({a.algorithm}, 2 inner steps, micro_batch {a.meta_micro_batch}): {recs['meta']['samples']} samples, "
               f"{recs['meta']['tokens_generated']} tokens, peak RSS {m:8.1f} MiB")
         print(f"ratio meta / single-level: {m / s:.2f}x; against micro-batches: {m / smb:.2f}x")
         print(json.dumps({"single_mib": s, "single_mb_mib": smb, "meta_mib": m, "ratio": m / s,

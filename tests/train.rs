@@ -666,6 +666,20 @@ fn meta_algorithms_train_and_fill_both_memories() {
         let samples = std::fs::read_to_string(run_dir.join("samples.jsonl")).unwrap();
         assert_eq!(samples.lines().count(), 24);
     }
+    // inner_steps = 0: no adaptation and no second generation, but the same
+    // memories; θ's samples are the evaluated ones that long-term memory keeps.
+    let (records, _) = run_with(dir.path(), 2, false, "no-meta-loop", Mode::Rl, |c| {
+        meta_tweak("fomaml")(c);
+        c.meta.inner_steps = 0;
+    });
+    for r in &records {
+        assert_eq!(r.samples, 6, "{r:?}");
+        assert!(!r.loss.contains_key("inner") && r.loss["total"].is_finite());
+    }
+    assert_eq!(
+        long_term_rows(&dir.path().join("runs/no-meta-loop")),
+        3 + 2 * 6
+    );
     // FALCON's prompt from that memory: neighbours, never the task's own entries.
     use falcon_rl::memory::{Embedder, ExactIndex, HashEmbedder, LongTerm, MemoryStore};
     let run_dir = dir.path().join("runs/fomaml");

@@ -728,17 +728,31 @@ impl Trainer<'_> {
         // Outcomes go to both memories.
         let mem = self.memory.as_mut().expect("meta runs have memory");
         mem.remember_samples(&support)?;
-        let mut experiences = Vec::new();
-        for (i, qr) in queries.iter().enumerate() {
+        for qr in &queries {
             mem.remember_samples(qr)?;
-            for (j, c) in qr.comps.iter().enumerate() {
+        }
+        // Long-term memory records the evaluated samples: θ_i's, or θ's own
+        // when there is no adaptation (inner_steps = 0).
+        let evaluated: Vec<(&Rollout, &[&Task])> = if queries.is_empty() {
+            vec![(&support, &tasks[..])]
+        } else {
+            queries
+                .iter()
+                .enumerate()
+                .map(|(i, qr)| (qr, &tasks[i..=i]))
+                .collect()
+        };
+        let mut experiences = Vec::new();
+        for (ro, ts) in evaluated {
+            for (j, c) in ro.comps.iter().enumerate() {
+                let task = ts[j / ro.group];
                 experiences.push(Experience {
                     step: self.step + 1,
-                    task_id: tasks[i].id.clone(),
-                    task_text: tasks[i].prompt.clone(),
+                    task_id: task.id.clone(),
+                    task_text: task.prompt.clone(),
                     code: code_in_completion(&c.text).1.to_owned(),
-                    report: qr.reports[j].clone(),
-                    rewards: qr.breakdowns[j]
+                    report: ro.reports[j].clone(),
+                    rewards: ro.breakdowns[j]
                         .as_ref()
                         .map(|b| b.terms.clone())
                         .unwrap_or_default(),
