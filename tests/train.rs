@@ -7,10 +7,10 @@ use std::path::Path;
 
 use falcon_rl::config::RunConfig;
 use falcon_rl::exec::Sandbox;
-use falcon_rl::model::{hub, Decoder, Dtype, Policy};
+use falcon_rl::model::{hub, Dtype, Policy};
 use falcon_rl::task::{LoadOptions, TaskFormat, TaskSet};
 use falcon_rl::train::rl::{prepare_policy, trainable, Mode, Silent, StepRecord, Trainer};
-use tch::{nn::VarStore, Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use crate::common::tmpdir;
 
@@ -37,26 +37,7 @@ pub fn tiny_chat_model(dir: &Path) {
         "rope_theta": 10000.0, "tie_word_embeddings": true, "hidden_act": "silu",
         "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2, "attention_bias": false,
     });
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let (_, cfg, _) = falcon_rl::model::generate::read_config(dir).unwrap();
-    let vs = VarStore::new(Device::Cpu);
-    let _model = Decoder::new(&vs.root(), cfg).unwrap();
-    tch::manual_seed(1234);
-    let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
-    named.sort_by(|a, b| a.0.cmp(&b.0));
-    let named: Vec<(String, Tensor)> = named
-        .into_iter()
-        .map(|(n, t)| {
-            let v = if n.ends_with("norm.weight") {
-                Tensor::ones(t.size(), (Kind::Float, Device::Cpu))
-            } else {
-                Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * 0.08
-            };
-            (n, v)
-        })
-        .collect();
-    falcon_rl::model::weights::save_safetensors(&dir.join("model.safetensors"), &named, None)
-        .unwrap();
+    falcon_rl::model::generate::write_random_model(dir, &config, 1234, 0.08).unwrap();
 }
 
 const TASKS: &str = r#"{"id": "add", "prompt": "Write a function add(a, b) that returns a + b.", "entry_point": "add", "tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"], "canonical_solution": "def add(a, b):\n    return a + b\n", "tags": ["train"]}

@@ -105,6 +105,39 @@ pub enum Family {
     Llama,
 }
 
+/// Write an HF model directory with random weights: `config` as
+/// `config.json` and `model.safetensors` with every tensor the config
+/// implies, norms at 1 and the rest N(0, scale²) drawn in name order after
+/// `tch::manual_seed(seed)`. For tests and fixtures (tiny models checked
+/// against reference outputs); no tokenizer files are written.
+pub fn write_random_model(
+    dir: &Path,
+    config: &serde_json::Value,
+    seed: i64,
+    scale: f64,
+) -> Result<(), ModelError> {
+    let path = dir.join("config.json");
+    std::fs::write(&path, config.to_string()).map_err(|e| ModelError::io(&path, e))?;
+    let (_, cfg, _) = read_config(dir)?;
+    let vs = VarStore::new(Device::Cpu);
+    let _model = Decoder::new(&vs.root(), cfg)?;
+    tch::manual_seed(seed);
+    let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    let named: Vec<(String, Tensor)> = named
+        .into_iter()
+        .map(|(n, t)| {
+            let v = if n.ends_with("norm.weight") {
+                Tensor::ones(t.size(), (Kind::Float, Device::Cpu))
+            } else {
+                Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * scale
+            };
+            (n, v)
+        })
+        .collect();
+    weights::save_safetensors(&dir.join("model.safetensors"), &named, None)
+}
+
 /// Read `config.json` from an HF directory.
 pub fn read_config(dir: &Path) -> Result<(Family, DecoderConfig, serde_json::Value), ModelError> {
     let path = dir.join("config.json");

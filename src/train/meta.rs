@@ -777,9 +777,9 @@ impl Trainer<'_> {
 mod tests {
     use super::*;
     use crate::config::{LoraConfig, LossWeights};
-    use crate::model::{Decoder, Dtype, LogitsFor};
+    use crate::model::{Dtype, LogitsFor};
     use crate::train::losses::Normalization;
-    use tch::{nn::VarStore, Device, Kind};
+    use tch::{Device, Kind};
 
     /// A 2-layer, 16-wide Llama (vocab 64) with random weights and LoRA
     /// (rank 2 on q/v, B random so that every term has a gradient), in
@@ -792,26 +792,7 @@ mod tests {
             "vocab_size": 64, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
             "rope_theta": 10000.0, "tie_word_embeddings": true, "hidden_act": "silu",
         });
-        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-        let (_, cfg, _) = crate::model::generate::read_config(dir).unwrap();
-        let vs = VarStore::new(Device::Cpu);
-        let _m = Decoder::new(&vs.root(), cfg).unwrap();
-        tch::manual_seed(11);
-        let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
-        named.sort_by(|a, b| a.0.cmp(&b.0));
-        let named: Vec<(String, Tensor)> = named
-            .into_iter()
-            .map(|(n, t)| {
-                let v = if n.ends_with("norm.weight") {
-                    Tensor::ones(t.size(), (Kind::Float, Device::Cpu))
-                } else {
-                    Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * 0.3
-                };
-                (n, v)
-            })
-            .collect();
-        crate::model::weights::save_safetensors(&dir.join("model.safetensors"), &named, None)
-            .unwrap();
+        crate::model::generate::write_random_model(dir, &config, 11, 0.3).unwrap();
         let mut p = Policy::load(dir, Dtype::Fp32, Device::Cpu).unwrap();
         p.attach_lora(&LoraConfig {
             enabled: true,
