@@ -76,6 +76,60 @@ pub struct SampleResult {
     pub passed: bool,
     /// Ran to the end without an exception other than a failed assertion.
     pub executed: bool,
+    /// Outcomes of the attempts before the final one, in order, for the
+    /// strategies that repair their code (self-repair, MemoCoder); empty
+    /// for single-shot strategies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier: Vec<String>,
+}
+
+/// Error transition matrix across repair iterations (MemoCoder §3.3):
+/// `counts[i][j]` samples went from outcome `labels[i]` at one attempt to
+/// `labels[j]` at the next.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Transitions {
+    pub labels: Vec<String>,
+    pub counts: Vec<Vec<usize>>,
+}
+
+impl Transitions {
+    /// Count every consecutive pair of outcomes over all samples' attempt
+    /// chains (`earlier` followed by the final outcome). Labels are sorted,
+    /// `pass` first.
+    pub fn from_tasks(tasks: &[TaskResult]) -> Self {
+        let chains: Vec<Vec<&str>> = tasks
+            .iter()
+            .flat_map(|t| &t.samples)
+            .map(|s| {
+                s.earlier
+                    .iter()
+                    .map(String::as_str)
+                    .chain([s.outcome.as_str()])
+                    .collect()
+            })
+            .collect();
+        let mut labels: Vec<String> = chains
+            .iter()
+            .filter(|c| c.len() > 1)
+            .flatten()
+            .map(|s| s.to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        labels.sort_by_key(|l| (l != "pass", l.clone()));
+        let at = |l: &str| labels.iter().position(|x| x == l).unwrap();
+        let mut counts = vec![vec![0; labels.len()]; labels.len()];
+        for c in &chains {
+            for w in c.windows(2) {
+                counts[at(w[0])][at(w[1])] += 1;
+            }
+        }
+        Transitions { labels, counts }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
 }
 
 /// One task's samples.
@@ -103,6 +157,16 @@ pub struct EvalResult {
     pub samples_per_task: usize,
     pub temperature: f64,
     pub seconds: f64,
+    /// The rollout strategy that produced the samples.
+    #[serde(default = "zero_shot_label")]
+    pub strategy: String,
+    /// Outcome transitions across repair attempts (repairing strategies).
+    #[serde(default, skip_serializing_if = "Transitions::is_empty")]
+    pub transitions: Transitions,
+}
+
+fn zero_shot_label() -> String {
+    "zero-shot".into()
 }
 
 impl EvalResult {
@@ -258,6 +322,7 @@ pub fn evaluate(
                 outcome,
                 passed,
                 executed,
+                earlier: Vec::new(),
             });
         }
         progress((b * e.batch_size.max(1) + chunk.len()).min(total), total);
@@ -279,6 +344,8 @@ pub fn evaluate(
         samples_per_task: n,
         temperature: e.temperature,
         seconds: t0.elapsed().as_secs_f64(),
+        strategy: zero_shot_label(),
+        transitions: Transitions::default(),
     })
 }
 
@@ -333,6 +400,7 @@ mod tests {
                 outcome: if passed { "pass" } else { "WrongAnswer" }.into(),
                 passed,
                 executed: true,
+                earlier: Vec::new(),
             }],
         }
     }
@@ -347,6 +415,8 @@ mod tests {
             samples_per_task: 1,
             temperature: 0.0,
             seconds: 0.0,
+            strategy: zero_shot_label(),
+            transitions: Transitions::default(),
         };
         let after = r(&[("a", true), ("b", true), ("c", false), ("d", true)]);
         // Different order and a task the other side lacks ("e").
