@@ -68,6 +68,19 @@ enum Cmd {
     /// Inspect, query, export or import a run's memory database.
     #[command(subcommand)]
     Memory(MemoryCmd),
+    /// Plots (PNG and SVG) and an index.html with tables for a run directory
+    /// (metrics.jsonl, eval/step-N.json) or a directory of `falcon eval --out`
+    /// results; see docs/report.md.
+    Report(ReportArgs),
+}
+
+#[derive(Args)]
+struct ReportArgs {
+    /// A run directory (`runs/NAME`) or a directory of evaluation result files.
+    run_dir: PathBuf,
+    /// Where the plots and index.html go (default: RUN_DIR/report).
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -819,6 +832,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Train(a) => cmd_train(a, falcon_rl::train::rl::Mode::Rl),
         Cmd::Sft(a) => cmd_train(a, falcon_rl::train::rl::Mode::Sft),
         Cmd::Eval(a) => cmd_eval(a),
+        Cmd::Report(a) => cmd_report(a),
     }
 }
 
@@ -1385,4 +1399,30 @@ fn progress_bar(len: u64, unit: &str) -> Option<indicatif::ProgressBar> {
             .expect("static template"),
         )
     })
+}
+
+fn cmd_report(args: ReportArgs) -> Result<()> {
+    use falcon_rl::eval::report::{load_run, write_report, ReportError};
+    let data = load_run(&args.run_dir).map_err(|e| match e {
+        // What the user pointed at is wrong; a failed read is ours to report.
+        ReportError::Io { .. } => anyhow::Error::from(e),
+        e => UsageError(e.to_string()).into(),
+    })?;
+    for n in &data.notes {
+        eprintln!("falcon: {n}");
+    }
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| args.run_dir.join("report"));
+    let w = write_report(&data, &out)?;
+    eprintln!(
+        "falcon: {} steps, {} evaluation results: {} files in {}",
+        data.metrics.len(),
+        data.evals.len(),
+        w.files.len(),
+        out.display()
+    );
+    println!("{}", w.index.display());
+    Ok(())
 }

@@ -253,3 +253,51 @@ fn eval_compare_prints_both_sides_and_mcnemar() {
         text(&o)
     );
 }
+
+#[test]
+fn report_draws_a_run_dir_and_names_a_malformed_metrics_line() {
+    let d = tmpdir();
+    let run = d.path().join("run");
+    std::fs::create_dir_all(run.join("eval")).unwrap();
+    let lines: Vec<String> = (0..3)
+        .map(|s| {
+            serde_json::json!({"step": s, "pass_rate": 0.5, "samples": 4,
+                "reward": {"coarse": 0.1 * s as f64, "total": 1.0},
+                "loss": {"pg": 0.2, "total": 0.2}, "error_kinds": {"pass": 2, "SyntaxError": 2}})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(run.join("metrics.jsonl"), lines.join("\n")).unwrap();
+    let result = serde_json::json!({"tasks": [], "pass_at": {"1": 0.25}, "exec_at": {"1": 0.5},
+        "outcomes": {"pass": 1, "NameError": 3}, "samples_per_task": 1, "temperature": 0.0,
+        "seconds": 1.0});
+    std::fs::write(run.join("eval/step-3.json"), result.to_string()).unwrap();
+    let o = falcon(&["report", run.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = run.join("report");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        out.join("index.html").to_str().unwrap()
+    );
+    for f in ["reward", "loss", "error_kinds", "pass_at_k", "outcomes"] {
+        for ext in ["png", "svg"] {
+            assert!(out.join(format!("{f}.{ext}")).is_file(), "{f}.{ext}");
+        }
+    }
+    // --out elsewhere; a broken line is a usage error naming file and line.
+    std::fs::write(
+        run.join("metrics.jsonl"),
+        format!("{}\nnot json\n", lines[0]),
+    )
+    .unwrap();
+    let o = falcon(&["report", run.to_str().unwrap(), "--out", "elsewhere"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("metrics.jsonl:2: not a step record"),
+        "{}",
+        text(&o)
+    );
+    let o = falcon(&["report", d.path().join("missing").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("no such directory"), "{}", text(&o));
+}

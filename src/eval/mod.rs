@@ -8,6 +8,8 @@
 //! `falcon eval` command and the strategies of the evaluation issue build on
 //! the same functions.
 
+pub mod report;
+
 use std::collections::BTreeMap;
 use std::time::Instant;
 
