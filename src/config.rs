@@ -115,6 +115,9 @@ sections! {
     eval: EvalConfig,
     /// `[meta]`: FALCON's MAML loop (Algorithm 1) or the single-level one.
     meta: MetaConfig,
+    /// `[strategy]`: how `falcon eval` prompts (zero-shot, FALCON, doc-RAG,
+    /// self-repair, MemoCoder, MEMCoder) and each strategy's settings.
+    strategy: StrategyConfig,
 }
 
 impl RunConfig {
@@ -1418,10 +1421,12 @@ pub enum IndexKind {
     Faiss,
 }
 
-/// Who writes MEMCoder's guidelines and MemoCoder's mentor suggestions.
+/// Which model answers: the in-process policy or an OpenAI-compatible
+/// server. Used for MEMCoder's reflector / MemoCoder's mentor
+/// (`[memory.reflector]`) and for `falcon eval`'s answers (`[strategy.generator]`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
-pub enum ReflectorConfig {
+pub enum GeneratorSource {
     /// The policy itself.
     #[default]
     Policy,
@@ -1465,7 +1470,7 @@ pub struct MemoryConfig {
     pub fixes: crate::memory::fixes::FixesConfig,
     /// `[memory.reflector]`: `kind = "policy"` or `kind = "openai"` with
     /// `base_url`, `model`, `api_key_env`.
-    pub reflector: ReflectorConfig,
+    pub reflector: GeneratorSource,
 }
 
 impl Default for MemoryConfig {
@@ -1488,7 +1493,7 @@ impl Default for MemoryConfig {
             api_docs: None,
             memcoder: Default::default(),
             fixes: Default::default(),
-            reflector: ReflectorConfig::Policy,
+            reflector: GeneratorSource::Policy,
         }
     }
 }
@@ -1533,10 +1538,17 @@ impl Section for MemoryConfig {
         if let Err(e) = self.fixes.validate() {
             problems.push(&format!("{path}.fixes"), "", &e.to_string());
         }
-        if let ReflectorConfig::Openai(o) = &self.reflector {
+        self.reflector
+            .validate_into(&format!("{path}.reflector"), problems);
+    }
+}
+
+impl Section for GeneratorSource {
+    fn validate_into(&self, path: &str, problems: &mut Problems) {
+        if let GeneratorSource::Openai(o) = self {
             if o.base_url.trim().is_empty() || o.model.trim().is_empty() {
                 problems.push(
-                    &format!("{path}.reflector"),
+                    path,
                     &o.base_url,
                     "kind = \"openai\" needs base_url and model",
                 );
@@ -1879,6 +1891,119 @@ impl Section for TrainConfig {
                 &format!("{path}.min_lr_ratio"),
                 self.min_lr_ratio,
                 "must be in [0, 1]",
+            );
+        }
+    }
+}
+
+/// The rollout strategies of `rollout` (see docs/eval.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StrategyKind {
+    /// One prompt: the instruction and the task.
+    #[default]
+    ZeroShot,
+    /// FALCON's Table 7 prompt from a run's long-term memory
+    /// (`[strategy] memory_run` or `falcon eval --memory`).
+    Falcon,
+    /// The top `[memory] k_doc` API docs by embedding similarity, then the task.
+    DocRag,
+    /// Zero-shot, then up to `max_attempts - 1` revisions from the guiding
+    /// test's error.
+    SelfRepair,
+    /// MemoCoder: planner, code writer, guiding test, mentor, repair loop.
+    Memocoder,
+    /// MEMCoder: guidelines from task- and API-level memory, evolved after
+    /// every task of the stream.
+    Memcoder,
+    /// MEMCoder-Accum: raw trajectories kept first-in-first-out, no reflector.
+    MemcoderAccum,
+}
+
+/// `[strategy]`: which strategy and its knobs. Defaults follow the papers
+/// where they say (MemoCoder: 3 plans, 10 retrieved fixes in
+/// `[memory.fixes]`); attempt counts are kept small for CPU runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StrategyConfig {
+    pub kind: StrategyKind,
+    /// Self-repair / MemoCoder: attempts per sample, the first included.
+    pub max_attempts: usize,
+    /// MemoCoder: plans the planner writes.
+    pub plans: usize,
+    /// MemoCoder ablations: the planner, the fixes retrieved into repair
+    /// prompts, the mentor's suggestions and rewrites.
+    pub planning: bool,
+    pub retrieval: bool,
+    pub mentor: bool,
+    /// MemoCoder: retrieved fixes shown in a repair prompt (small models
+    /// have short contexts; retrieval still ranks `[memory.fixes] top_k`).
+    pub fixes_shown: usize,
+    /// MemoCoder's online adaptation: rounds over the samples whose code
+    /// still fails the guiding test (1 = a single pass).
+    pub rounds: usize,
+    /// MemoCoder: accumulate fixing knowledge on this task file first
+    /// (format by extension), then evaluate with what was learned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accumulate_on: Option<PathBuf>,
+    /// At most this many accumulation tasks (file order); 0 = all.
+    pub accumulate_max_tasks: usize,
+    /// MEMCoder ablations: task-level memory (similar past tasks with their
+    /// guidelines) and API-level memory (snippets and weighted guidelines).
+    pub task_memory: bool,
+    pub api_memory: bool,
+    /// MEMCoder-Accum: trajectories kept (oldest dropped first).
+    pub accum_capacity: usize,
+    /// FALCON: the run directory whose `memory.sqlite` is retrieved from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_run: Option<PathBuf>,
+    /// `[strategy.generator]`: who writes the answers in `falcon eval`:
+    /// `kind = "policy"` (the `[model]` or checkpoint) or `kind = "openai"`
+    /// with `base_url`, `model`, `api_key_env`.
+    pub generator: GeneratorSource,
+}
+
+impl Default for StrategyConfig {
+    fn default() -> Self {
+        StrategyConfig {
+            kind: StrategyKind::ZeroShot,
+            max_attempts: 3,
+            plans: 3,
+            planning: true,
+            retrieval: true,
+            mentor: true,
+            fixes_shown: 3,
+            rounds: 1,
+            accumulate_on: None,
+            accumulate_max_tasks: 0,
+            task_memory: true,
+            api_memory: true,
+            accum_capacity: 50,
+            memory_run: None,
+            generator: GeneratorSource::Policy,
+        }
+    }
+}
+
+impl Section for StrategyConfig {
+    fn validate_into(&self, path: &str, problems: &mut Problems) {
+        for (key, v) in [
+            ("max_attempts", self.max_attempts),
+            ("plans", self.plans),
+            ("rounds", self.rounds),
+            ("accum_capacity", self.accum_capacity),
+        ] {
+            if v == 0 {
+                problems.push(&format!("{path}.{key}"), v, "must be >= 1");
+            }
+        }
+        self.generator
+            .validate_into(&format!("{path}.generator"), problems);
+        if self.kind == StrategyKind::MemcoderAccum && !(self.task_memory && self.api_memory) {
+            problems.push(
+                &format!("{path}.kind"),
+                "memcoder-accum",
+                "task_memory / api_memory ablate `memcoder`; Accum has neither",
             );
         }
     }

@@ -1258,8 +1258,15 @@ fn cmd_train(args: TrainArgs, mode: falcon_rl::train::rl::Mode) -> Result<()> {
 }
 
 fn cmd_eval(args: EvalArgs) -> Result<()> {
-    use falcon_rl::eval::{evaluate, EvalSpec};
+    use falcon_rl::config::{GeneratorSource, StrategyKind};
+    use falcon_rl::eval::{evaluate_strategy, EvalSpec};
     use falcon_rl::exec::Sandbox;
+    use falcon_rl::model::openai::OpenAiGenerator;
+    use falcon_rl::model::Generator;
+    use falcon_rl::rollout::memcoder::{DocMode, DocSizes, DocStrategy};
+    use falcon_rl::rollout::repair::{Repair, RepairConfig};
+    use falcon_rl::rollout::solve::Prompted;
+    use falcon_rl::rollout::Strategy;
 
     if let Some(EvalCmd::Compare { a, b }) = &args.cmd {
         return cmd_eval_compare(a, b);
@@ -1269,25 +1276,128 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
     };
     let cfg = RunConfig::load(config).map_err(|e| UsageError(e.to_string()))?;
     let tasks = load_eval_tasks(&cfg, config)?;
-    let policy = match &args.checkpoint {
-        Some(dir) => falcon_rl::train::rl::policy_from_checkpoint(dir)?.1,
-        None => load_config_policy(&cfg)?,
+    let sc = &cfg.strategy;
+    // --memory RUN_DIR is FALCON prompting whatever [strategy] kind says.
+    let kind = if args.memory.is_some() {
+        StrategyKind::Falcon
+    } else {
+        sc.kind
     };
+    let reflects = matches!(kind, StrategyKind::Memocoder | StrategyKind::Memcoder);
+    let uses_policy = matches!(sc.generator, GeneratorSource::Policy)
+        || (reflects && matches!(cfg.memory.reflector, GeneratorSource::Policy));
+    let policy = match (&args.checkpoint, uses_policy) {
+        (Some(dir), _) => Some(falcon_rl::train::rl::policy_from_checkpoint(dir)?.1),
+        (None, true) => Some(load_config_policy(&cfg)?),
+        (None, false) => None,
+    };
+    let server = |src: &GeneratorSource| -> Result<Option<OpenAiGenerator>> {
+        Ok(match src {
+            GeneratorSource::Policy => None,
+            GeneratorSource::Openai(o) => Some(OpenAiGenerator::new(o)?),
+        })
+    };
+    let answer_server = server(&sc.generator)?;
+    let reflect_server = server(&cfg.memory.reflector)?;
+    fn pick<'a>(s: &'a Option<OpenAiGenerator>, policy: &'a Option<Policy>) -> &'a dyn Generator {
+        match (s, policy) {
+            (Some(s), _) => s,
+            (None, Some(p)) => p,
+            (None, None) => unreachable!("a policy is loaded whenever a source is `policy`"),
+        }
+    }
+    let generator = pick(&answer_server, &policy);
+    let reflector = pick(&reflect_server, &policy);
     let sandbox = Sandbox::new(&cfg.exec)?;
     let list: Vec<&falcon_rl::task::Task> = tasks.iter().collect();
-    let prompts = match &args.memory {
-        Some(run_dir) => Some(memory_prompts(&cfg, run_dir, &list)?),
-        None => None,
-    };
     let spec = EvalSpec {
         instruction: &cfg.train.instruction,
         generation: &cfg.generation,
         eval: &cfg.eval,
         seed: falcon_rl::eval::seed_of(&cfg),
-        prompts: prompts.as_deref(),
+        prompts: None,
     };
+    let env = spec.env(generator, reflector, &sandbox);
+    let embedder;
+    let mut strategy: Box<dyn Strategy> = match kind {
+        StrategyKind::ZeroShot => Box::new(Prompted::zero_shot()),
+        StrategyKind::Falcon => {
+            let Some(run) = args.memory.as_ref().or(sc.memory_run.as_ref()) else {
+                return Err(UsageError(
+                    "strategy falcon needs [strategy] memory_run or --memory RUN_DIR".into(),
+                )
+                .into());
+            };
+            Box::new(Prompted::given("falcon", memory_prompts(&cfg, run, &list)?))
+        }
+        StrategyKind::SelfRepair => Box::new(Repair::new(RepairConfig::self_repair(sc))),
+        StrategyKind::Memocoder => {
+            let mut r = Repair::new(RepairConfig::memocoder(sc, &cfg.memory.fixes));
+            if let Some(path) = &sc.accumulate_on {
+                let acc = load_tagged_tasks(
+                    path,
+                    falcon_rl::config::TaskFormat::Auto,
+                    cfg.tasks.skip_invalid,
+                    &[],
+                    sc.accumulate_max_tasks,
+                    "[strategy] accumulate_on",
+                )?;
+                let acc_list: Vec<&falcon_rl::task::Task> = acc.iter().collect();
+                eprintln!(
+                    "falcon: accumulating fixing knowledge on {} tasks of {}",
+                    acc_list.len(),
+                    path.display()
+                );
+                r.accumulate(&env, &acc_list)?;
+                eprintln!(
+                    "falcon: {} fixes known, {} mentor rewrites",
+                    r.knowledge().len(),
+                    r.stats.mentor_rewrites
+                );
+            }
+            Box::new(r)
+        }
+        StrategyKind::DocRag | StrategyKind::Memcoder | StrategyKind::MemcoderAccum => {
+            let Some(path) = &cfg.memory.api_docs else {
+                return Err(UsageError(format!(
+                    "strategy {kind:?} needs the library documentation: [memory] api_docs"
+                ))
+                .into());
+            };
+            let docs = falcon_rl::memory::memcoder::load_api_docs(path)?;
+            let device = falcon_rl::train::rl::device_of(&cfg);
+            embedder = falcon_rl::memory::embedder_from_config(&cfg.memory, device)?;
+            let mode = match kind {
+                StrategyKind::DocRag => DocMode::Rag,
+                StrategyKind::Memcoder => DocMode::Memcoder {
+                    task_memory: sc.task_memory,
+                    api_memory: sc.api_memory,
+                },
+                _ => DocMode::Accum {
+                    capacity: sc.accum_capacity,
+                },
+            };
+            let sizes = DocSizes {
+                k_doc: cfg.memory.k_doc,
+                k_task: cfg.memory.k_task,
+            };
+            Box::new(DocStrategy::new(
+                mode,
+                sizes,
+                docs,
+                cfg.memory.memcoder.clone(),
+                embedder.as_ref(),
+            )?)
+        }
+    };
+    eprintln!(
+        "falcon: strategy {} on {} tasks x {} samples",
+        strategy.name(),
+        list.len(),
+        cfg.eval.n
+    );
     let bar = progress_bar(list.len() as u64 * cfg.eval.n as u64, "samples");
-    let result = evaluate(&policy, &list, &sandbox, &spec, &mut |done, _| {
+    let result = evaluate_strategy(strategy.as_mut(), &env, &list, &cfg.eval, &mut |done, _| {
         if let Some(b) = &bar {
             b.set_position(done as u64);
         }
@@ -1313,6 +1423,14 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
         result.seconds,
         kinds.join(", ")
     );
+    if !result.strategy_stats.is_empty() {
+        let stats: Vec<String> = result
+            .strategy_stats
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        eprintln!("falcon: {}: {}", result.strategy, stats.join(", "));
+    }
     if let Some(out) = &args.out {
         falcon_rl::fsutil::write_atomic(out, serde_json::to_string_pretty(&result)?.as_bytes())
             .with_context(|| format!("writing {}", out.display()))?;

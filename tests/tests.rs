@@ -12,4 +12,5 @@ mod memory;
 mod model_io;
 mod model_parity;
 mod python_roundtrip;
+mod strategies;
 mod train;

@@ -19,7 +19,8 @@ use crate::config::{EvalConfig, GenerationConfig};
 use crate::exec::{RewardClass, Sandbox};
 use crate::model::{Generator, ModelError};
 use crate::reward::code_in_completion;
-use crate::rollout::{generation_params, task_prompt};
+use crate::rollout::solve::Prompted;
+use crate::rollout::{generation_params, Env, RolloutError, Strategy};
 use crate::task::Task;
 
 /// pass@k's unbiased estimator (Chen et al., 2021) for a task with `n`
@@ -78,11 +79,12 @@ pub struct SampleResult {
     pub passed: bool,
     /// Ran to the end without an exception other than a failed assertion.
     pub executed: bool,
-    /// Outcomes of the attempts before the final one, in order, for the
+    /// Outcomes of every attempt on the guiding test, in order, for the
     /// strategies that repair their code (self-repair, MemoCoder); empty
-    /// for single-shot strategies.
+    /// for single-shot strategies. `outcome` is the last attempt's code
+    /// on all tests.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub earlier: Vec<String>,
+    pub attempts: Vec<String>,
 }
 
 /// Error transition matrix across repair iterations (MemoCoder §3.3):
@@ -96,19 +98,12 @@ pub struct Transitions {
 
 impl Transitions {
     /// Count every consecutive pair of outcomes over all samples' attempt
-    /// chains (`earlier` followed by the final outcome). Labels are sorted,
-    /// `pass` first.
+    /// chains on the guiding test. Labels are sorted, `pass` first.
     pub fn from_tasks(tasks: &[TaskResult]) -> Self {
         let chains: Vec<Vec<&str>> = tasks
             .iter()
             .flat_map(|t| &t.samples)
-            .map(|s| {
-                s.earlier
-                    .iter()
-                    .map(String::as_str)
-                    .chain([s.outcome.as_str()])
-                    .collect()
-            })
+            .map(|s| s.attempts.iter().map(String::as_str).collect())
             .collect();
         let mut labels: Vec<String> = chains
             .iter()
@@ -165,6 +160,9 @@ pub struct EvalResult {
     /// Outcome transitions across repair attempts (repairing strategies).
     #[serde(default, skip_serializing_if = "Transitions::is_empty")]
     pub transitions: Transitions,
+    /// What the strategy's memory did (fixes learned, guidelines added, ...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub strategy_stats: BTreeMap<String, f64>,
 }
 
 fn zero_shot_label() -> String {
@@ -219,6 +217,8 @@ impl EvalResult {
 pub enum EvalError {
     #[error(transparent)]
     Model(#[from] ModelError),
+    #[error(transparent)]
+    Rollout(#[from] RolloutError),
     #[error("{0}")]
     Invalid(String),
 }
@@ -241,9 +241,44 @@ pub fn seed_of(cfg: &crate::config::RunConfig) -> u64 {
     cfg.generation.seed.unwrap_or(cfg.run.seed)
 }
 
+impl<'s> EvalSpec<'s> {
+    /// The environment strategies run in: answers sampled with `[eval]`'s
+    /// temperature and top-p, reflections greedy, both with `[generation]`'s
+    /// token limit and stop strings.
+    pub fn env<'a>(
+        &self,
+        generator: &'a dyn Generator,
+        reflector: &'a dyn Generator,
+        sandbox: &'a Sandbox,
+    ) -> Env<'a>
+    where
+        's: 'a,
+    {
+        let mut gen = self.generation.clone();
+        gen.temperature = self.eval.temperature;
+        gen.top_p = self.eval.top_p;
+        let params = generation_params(&gen, self.seed);
+        let mut reflect = self.generation.clone();
+        reflect.temperature = 0.0;
+        reflect.top_p = 1.0;
+        let reflect_params = generation_params(&reflect, self.seed);
+        Env::new(
+            generator,
+            reflector,
+            sandbox,
+            self.instruction,
+            params,
+            reflect_params,
+            self.eval.batch_size,
+            self.seed,
+        )
+    }
+}
+
 /// Run `spec.eval.n` samples of every task through `generator` and the
-/// sandbox. Prompts go to the generator `spec.eval.batch_size` at a time;
-/// `progress(done, total)` is called after each batch.
+/// sandbox with the zero-shot prompt (or `spec.prompts`). Prompts go to the
+/// generator `spec.eval.batch_size` at a time; `progress(done, total)` is
+/// called after each batch.
 pub fn evaluate(
     generator: &dyn Generator,
     tasks: &[&Task],
@@ -251,104 +286,111 @@ pub fn evaluate(
     spec: &EvalSpec,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<EvalResult, EvalError> {
-    let e = spec.eval;
-    let n = e.n;
-    if let Some(&k) = e.k.iter().find(|&&k| k == 0 || k > n) {
+    let mut strategy = match spec.prompts {
+        Some(p) => Prompted::given("falcon", p.to_vec()),
+        None => Prompted::zero_shot(),
+    };
+    let env = spec.env(generator, generator, sandbox);
+    evaluate_strategy(&mut strategy, &env, tasks, spec.eval, progress)
+}
+
+/// Run `eval.n` samples of every task through `strategy`, score each final
+/// answer on all of its task's tests, and summarise.
+pub fn evaluate_strategy(
+    strategy: &mut dyn Strategy,
+    env: &Env,
+    tasks: &[&Task],
+    eval: &EvalConfig,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<EvalResult, EvalError> {
+    let n = eval.n;
+    if let Some(&k) = eval.k.iter().find(|&&k| k == 0 || k > n) {
         return Err(EvalError::Invalid(format!(
             "pass@{k} needs 1 <= k <= n = {n} samples per task"
         )));
     }
     let t0 = Instant::now();
-    let mut gen = spec.generation.clone();
-    gen.temperature = e.temperature;
-    gen.top_p = e.top_p;
-    if let Some(p) = spec.prompts.filter(|p| p.len() != tasks.len()) {
+    let solutions = strategy.solve(env, tasks, n, progress)?;
+    if solutions.len() != tasks.len() || solutions.iter().any(|s| s.len() != n) {
         return Err(EvalError::Invalid(format!(
-            "{} prompts for {} tasks",
-            p.len(),
+            "strategy {} returned answers of the wrong shape for {} tasks x {n} samples",
+            strategy.name(),
             tasks.len()
         )));
     }
-    let jobs: Vec<(usize, String)> = tasks
+    // Score what the strategy has not already run on all tests.
+    let pending: Vec<(usize, usize)> = solutions
         .iter()
         .enumerate()
-        .flat_map(|(i, t)| {
-            let p = match spec.prompts {
-                Some(p) => p[i].clone(),
-                None => task_prompt(spec.instruction, t),
-            };
-            std::iter::repeat_n((i, p), n)
+        .flat_map(|(i, s)| {
+            s.iter()
+                .enumerate()
+                .filter(|(_, x)| x.report.is_none())
+                .map(move |(j, _)| (i, j))
         })
         .collect();
-    let total = jobs.len();
-    let mut results: Vec<TaskResult> = tasks
+    let jobs: Vec<(&Task, &str)> = pending
         .iter()
-        .map(|t| TaskResult {
-            id: t.id.clone(),
+        .map(|&(i, j)| (tasks[i], code_in_completion(&solutions[i][j].completion).1))
+        .collect();
+    let mut fresh = sandbox_reports(env, &jobs).into_iter();
+    let mut results = Vec::with_capacity(tasks.len());
+    let mut outcomes = BTreeMap::new();
+    for (task, sols) in tasks.iter().zip(solutions) {
+        let mut tr = TaskResult {
+            id: task.id.clone(),
             n,
             passed: 0,
             executed: 0,
             samples: Vec::with_capacity(n),
-        })
-        .collect();
-    let mut outcomes = BTreeMap::new();
-    for (b, chunk) in jobs.chunks(e.batch_size.max(1)).enumerate() {
-        let prompts: Vec<String> = chunk.iter().map(|(_, p)| p.clone()).collect();
-        // One seed per batch, derived from the eval seed, so a larger batch
-        // size changes the samples but a rerun never does.
-        let params = generation_params(&gen, spec.seed.wrapping_add(b as u64));
-        let comps = generator.generate(&prompts, &params)?;
-        if comps.len() != prompts.len() {
-            return Err(EvalError::Invalid(format!(
-                "the generator returned {} completions for {} prompts",
-                comps.len(),
-                prompts.len()
-            )));
-        }
-        let exec_jobs: Vec<(&Task, &str)> = chunk
-            .iter()
-            .zip(&comps)
-            .map(|((i, _), c)| (tasks[*i], code_in_completion(&c.text).1))
-            .collect();
-        let reports = sandbox.run_batch(&exec_jobs);
-        for (((i, _), c), r) in chunk.iter().zip(comps).zip(reports) {
+        };
+        for s in sols {
+            let r = match s.report {
+                Some(r) => r,
+                None => fresh.next().expect("one report per pending job"),
+            };
             let passed = r.outcome == Some(RewardClass::Pass);
             let executed = matches!(r.outcome, Some(RewardClass::Pass | RewardClass::Failure));
             let outcome = r.outcome_label();
             *outcomes.entry(outcome.clone()).or_insert(0) += 1;
-            let tr = &mut results[*i];
             tr.passed += passed as usize;
             tr.executed += executed as usize;
             tr.samples.push(SampleResult {
-                completion: c.text,
+                completion: s.completion,
                 outcome,
                 passed,
                 executed,
-                earlier: Vec::new(),
+                attempts: s.attempts,
             });
         }
-        progress((b * e.batch_size.max(1) + chunk.len()).min(total), total);
+        results.push(tr);
     }
     let mean = |f: &dyn Fn(&TaskResult) -> f64| {
         results.iter().map(f).sum::<f64>() / results.len().max(1) as f64
     };
     let mut pass_at = BTreeMap::new();
     let mut exec_at = BTreeMap::new();
-    for &k in &e.k {
+    for &k in &eval.k {
         pass_at.insert(k.to_string(), mean(&|t| pass_at_k(t.n, t.passed, k)));
         exec_at.insert(k.to_string(), mean(&|t| pass_at_k(t.n, t.executed, k)));
     }
+    let transitions = Transitions::from_tasks(&results);
     Ok(EvalResult {
         tasks: results,
         pass_at,
         exec_at,
         outcomes,
         samples_per_task: n,
-        temperature: e.temperature,
+        temperature: eval.temperature,
         seconds: t0.elapsed().as_secs_f64(),
-        strategy: zero_shot_label(),
-        transitions: Transitions::default(),
+        strategy: strategy.name(),
+        transitions,
+        strategy_stats: strategy.stats().into_iter().collect(),
     })
+}
+
+fn sandbox_reports(env: &Env, jobs: &[(&Task, &str)]) -> Vec<crate::exec::ExecReport> {
+    env.sandbox.run_batch(jobs)
 }
 
 #[cfg(test)]
@@ -402,9 +444,24 @@ mod tests {
                 outcome: if passed { "pass" } else { "WrongAnswer" }.into(),
                 passed,
                 executed: true,
-                earlier: Vec::new(),
+                attempts: Vec::new(),
             }],
         }
+    }
+
+    #[test]
+    fn transitions_count_consecutive_attempts_pass_first() {
+        let mut a = task_result("a", true);
+        a.samples[0].attempts = vec!["SyntaxError".into(), "NameError".into(), "pass".into()];
+        let mut b = task_result("b", false);
+        b.samples[0].attempts = vec!["SyntaxError".into(), "SyntaxError".into()];
+        // A single attempt has no transition and adds no label.
+        let mut c = task_result("c", false);
+        c.samples[0].attempts = vec!["Timeout".into()];
+        let t = Transitions::from_tasks(&[a, b, c]);
+        assert_eq!(t.labels, ["pass", "NameError", "SyntaxError"]);
+        assert_eq!(t.counts, vec![vec![0, 0, 0], vec![1, 0, 0], vec![0, 1, 1]]);
+        assert!(Transitions::from_tasks(&[task_result("d", true)]).is_empty());
     }
 
     #[test]
@@ -419,6 +476,7 @@ mod tests {
             seconds: 0.0,
             strategy: zero_shot_label(),
             transitions: Transitions::default(),
+            strategy_stats: BTreeMap::new(),
         };
         let after = r(&[("a", true), ("b", true), ("c", false), ("d", true)]);
         // Different order and a task the other side lacks ("e").

@@ -879,19 +879,44 @@ impl MemCoderMemory {
         task_answer: &str,
         api_answers: &[&str],
     ) -> Result<EvolveSummary, MemcoderError> {
+        self.evolve_parts(
+            requirement,
+            code,
+            report,
+            injected_guideline_ids,
+            Some(task_answer),
+            Some(api_answers),
+        )
+    }
+
+    /// [`MemCoderMemory::evolve_with_answers`] for the ablations that run
+    /// without one level: with `task_answer = None` the task entry is
+    /// stored without a guideline (and no reflection was asked for); with
+    /// `api_answers = None` the API level is left untouched (no snippet,
+    /// no Eq. 5 update, no routing).
+    pub fn evolve_parts(
+        &mut self,
+        requirement: &str,
+        code: &str,
+        report: &ExecReport,
+        injected_guideline_ids: &[u64],
+        task_answer: Option<&str>,
+        api_answers: Option<&[&str]>,
+    ) -> Result<EvolveSummary, MemcoderError> {
         let passed = signal(report)?;
         let used = self.apis_used(code);
-        if api_answers.len() != used.len() {
+        if let Some(a) = api_answers.filter(|a| a.len() != used.len()) {
             return Err(MemcoderError::AnswerCount {
                 expected: used.len(),
-                got: api_answers.len(),
+                got: a.len(),
             });
         }
 
-        let guideline = parse_task_guideline(task_answer);
-        match guideline {
-            Some(_) => self.stats.task_guidelines += 1,
-            None => self.stats.unparseable += 1,
+        let guideline = task_answer.and_then(parse_task_guideline);
+        match (task_answer, &guideline) {
+            (None, _) => {}
+            (Some(_), Some(_)) => self.stats.task_guidelines += 1,
+            (Some(_), None) => self.stats.unparseable += 1,
         }
         let task_index = self.tasks.len();
         self.tasks.push(TaskEntry {
@@ -903,6 +928,16 @@ impl MemCoderMemory {
             passed,
         });
 
+        let Some(api_answers) = api_answers else {
+            return Ok(EvolveSummary {
+                task_index,
+                passed,
+                apis_used: used,
+                task_guideline: guideline.is_some(),
+                apis: Vec::new(),
+                reweighted: Vec::new(),
+            });
+        };
         if passed {
             let cap = self.params.max_snippets;
             for a in &used {

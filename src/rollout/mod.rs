@@ -1,8 +1,18 @@
-//! Prompt building for rollouts. Today: the zero-shot strategy (one user
-//! message: an instruction and the task), FALCON's prompt with retrieved
-//! long-term memory (Table 7, rendered by `memory::long_term::table7_prompt`)
-//! and the generation parameters a run config implies. MEMCoder, MemoCoder
-//! and self-repair strategies land here with the evaluation work.
+//! Rollout strategies: how a task becomes answers. The prompts (zero-shot,
+//! FALCON's Table 7 with retrieved long-term memory), the generation
+//! parameters a run config implies, and the [`Strategy`] implementations:
+//! single-shot ([`solve::Prompted`]: zero-shot, FALCON), repairing
+//! ([`repair::Repair`]: self-repair, MemoCoder) and documentation-driven
+//! ([`memcoder::DocStrategy`]: naive doc-RAG, MEMCoder and its ablations,
+//! MEMCoder-Accum). `eval` runs them; every strategy talks to the model only
+//! through the `Generator` trait, so the in-process policy and an
+//! OpenAI-compatible server serve alike.
+
+pub mod memcoder;
+pub mod repair;
+pub mod solve;
+
+pub use solve::{Env, RolloutError, Solution, Strategy};
 
 use crate::config::GenerationConfig;
 use crate::memory::long_term::{table7_prompt, Retrieved};

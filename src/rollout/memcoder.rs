@@ -1,0 +1,331 @@
+//! The documentation-driven strategies over a private library
+//! (papers/memcoder.txt): naive doc-RAG (the top `K_doc` API docs by
+//! embedding similarity, §V-F), MEMCoder end to end (dual-source retrieval,
+//! the Eq. 4 context, execution, then the reflector's evolution of task-
+//! and API-level memory after every task of the stream, RQ2's continual
+//! setting), its ablations, and MEMCoder-Accum (raw trajectories kept
+//! first-in-first-out, no reflector).
+//!
+//! Tasks are a stream: each one is solved with the memory as the earlier
+//! tasks left it, then the memory evolves from its first sample (one
+//! evolution per task, as in the paper's one-answer setting; the other
+//! samples only count towards pass@k).
+
+use std::collections::VecDeque;
+
+use tch::Tensor;
+
+use crate::memory::memcoder::{feedback_text, ApiDoc, MemCoderMemory, MemCoderParams, TaskEntry};
+use crate::memory::{Embedder, ExactIndex, VectorIndex};
+use crate::task::Task;
+
+use super::name_hint;
+use super::solve::{code_of, Env, RolloutError, Solution, Strategy};
+
+/// Which of the documentation strategies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DocMode {
+    /// Docs only; nothing is remembered.
+    Rag,
+    /// MEMCoder, with each memory level switchable for its ablations.
+    Memcoder { task_memory: bool, api_memory: bool },
+    /// Raw (requirement, code, feedback) trajectories, oldest dropped first.
+    Accum { capacity: usize },
+}
+
+/// Retrieval sizes.
+#[derive(Debug, Clone, Copy)]
+pub struct DocSizes {
+    pub k_doc: usize,
+    pub k_task: usize,
+}
+
+/// A documentation strategy with its memory and indexes.
+pub struct DocStrategy<'e> {
+    mode: DocMode,
+    sizes: DocSizes,
+    embedder: &'e dyn Embedder,
+    memory: MemCoderMemory,
+    doc_names: Vec<String>,
+    docs: ExactIndex,
+    /// Past task requirements, id = index in `memory.tasks()`.
+    past: ExactIndex,
+    accum: VecDeque<(TaskEntry, Tensor)>,
+    pub log: Vec<StepLog>,
+}
+
+/// What one task of the stream saw and changed (for tests and logs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepLog {
+    pub task: String,
+    pub candidate_apis: Vec<String>,
+    pub injected_guidelines: Vec<u64>,
+    /// Requirements of the past tasks shown.
+    pub similar: Vec<String>,
+    pub prompt: String,
+    pub passed: bool,
+    /// Guidelines added to APIs by the evolution after this task.
+    pub added_guidelines: Vec<(String, u64)>,
+    pub reweighted: Vec<u64>,
+}
+
+fn doc_text(d: &ApiDoc) -> String {
+    format!("{} {} {}", d.name, d.signature, d.description)
+}
+
+impl<'e> DocStrategy<'e> {
+    pub fn new(
+        mode: DocMode,
+        sizes: DocSizes,
+        docs: Vec<ApiDoc>,
+        params: MemCoderParams,
+        embedder: &'e dyn Embedder,
+    ) -> Result<Self, RolloutError> {
+        if docs.is_empty() {
+            return Err(RolloutError::Invalid(
+                "the API documentation is empty ([memory] api_docs)".into(),
+            ));
+        }
+        let mut params = params;
+        if let DocMode::Memcoder {
+            api_memory: false, ..
+        } = mode
+        {
+            // Without API-level memory the APIs show their docs only.
+            params.guidelines_per_api = 0;
+            params.snippets_per_api = 0;
+        }
+        let device = embedder.device();
+        let texts: Vec<String> = docs.iter().map(doc_text).collect();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let mut index = ExactIndex::new(embedder.dim(), device);
+        let ids: Vec<i64> = (0..docs.len() as i64).collect();
+        index.add(&ids, &embedder.embed(&refs)?)?;
+        let doc_names = docs.iter().map(|d| d.name.clone()).collect();
+        Ok(DocStrategy {
+            mode,
+            sizes,
+            embedder,
+            memory: MemCoderMemory::new(docs, params)?,
+            doc_names,
+            docs: index,
+            past: ExactIndex::new(embedder.dim(), device),
+            accum: VecDeque::new(),
+            log: Vec::new(),
+        })
+    }
+
+    pub fn memory(&self) -> &MemCoderMemory {
+        &self.memory
+    }
+
+    fn prompt_for(&mut self, env: &Env, task: &Task) -> Result<(String, StepLog), RolloutError> {
+        let q = self.embedder.embed(&[task.prompt.as_str()])?;
+        let doc_hits: Vec<(String, f32)> = self
+            .docs
+            .search(&q, self.sizes.k_doc)?
+            .remove(0)
+            .into_iter()
+            .map(|h| (self.doc_names[h.id as usize].clone(), h.score))
+            .collect();
+        let similar: Vec<TaskEntry> = match self.mode {
+            DocMode::Rag
+            | DocMode::Memcoder {
+                task_memory: false, ..
+            } => Vec::new(),
+            DocMode::Memcoder { .. } => {
+                let hits = if self.past.is_empty() {
+                    Vec::new()
+                } else {
+                    self.past.search(&q, self.sizes.k_task)?.remove(0)
+                };
+                hits.iter()
+                    .map(|h| self.memory.tasks()[h.id as usize].clone())
+                    .collect()
+            }
+            DocMode::Accum { .. } => {
+                let mut scored: Vec<(f64, usize)> = self
+                    .accum
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (_, v))| (q.get(0).dot(v).double_value(&[]), i))
+                    .collect();
+                // Best first; ties to the newer trajectory.
+                scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
+                scored
+                    .iter()
+                    .take(self.sizes.k_task)
+                    .map(|&(_, i)| self.accum[i].0.clone())
+                    .collect()
+            }
+        };
+        let refs: Vec<&TaskEntry> = similar.iter().collect();
+        let ctx = self.memory.render_context(&task.prompt, &doc_hits, &refs);
+        let mut prompt = format!("{}\n\n{}", env.instruction, ctx.text);
+        if let Some(h) = name_hint(task) {
+            prompt.push_str(&h);
+            prompt.push('\n');
+        }
+        let log = StepLog {
+            task: task.id.clone(),
+            candidate_apis: ctx.candidate_apis,
+            injected_guidelines: ctx.injected_guideline_ids,
+            similar: similar.iter().map(|e| e.requirement.clone()).collect(),
+            prompt: prompt.clone(),
+            passed: false,
+            added_guidelines: Vec::new(),
+            reweighted: Vec::new(),
+        };
+        Ok((prompt, log))
+    }
+
+    /// Evolve the memory from `task`'s first sample.
+    fn evolve(
+        &mut self,
+        env: &Env,
+        task: &Task,
+        code: &str,
+        report: &crate::exec::ExecReport,
+        log: &mut StepLog,
+    ) -> Result<(), RolloutError> {
+        if report.outcome.is_none() {
+            // No signal about the sample: nothing to learn from.
+            return Ok(());
+        }
+        match self.mode {
+            DocMode::Rag => {}
+            DocMode::Accum { capacity } => {
+                let v = self.embedder.embed(&[task.prompt.as_str()])?.get(0);
+                self.accum.push_back((
+                    TaskEntry {
+                        requirement: task.prompt.clone(),
+                        code: code.to_owned(),
+                        feedback: feedback_text(report),
+                        apis_used: self.memory.apis_used(code),
+                        guideline: String::new(),
+                        passed: report.outcome == Some(crate::exec::RewardClass::Pass),
+                    },
+                    v,
+                ));
+                while self.accum.len() > capacity {
+                    self.accum.pop_front();
+                }
+            }
+            DocMode::Memcoder {
+                task_memory,
+                api_memory,
+            } => {
+                let prompts = self.memory.reflection_prompts(&task.prompt, code, report)?;
+                let mut asks = Vec::new();
+                if task_memory {
+                    asks.push(prompts.task_prompt);
+                }
+                if api_memory {
+                    asks.extend(prompts.api_prompts);
+                }
+                let answers: Vec<String> =
+                    env.reflect(&asks)?.into_iter().map(|c| c.text).collect();
+                let (task_answer, api_answers) = if task_memory {
+                    (Some(answers[0].as_str()), &answers[1..])
+                } else {
+                    (None, &answers[..])
+                };
+                let api_refs: Vec<&str> = api_answers.iter().map(String::as_str).collect();
+                let summary = self.memory.evolve_parts(
+                    &task.prompt,
+                    code,
+                    report,
+                    &log.injected_guidelines,
+                    task_answer,
+                    api_memory.then_some(api_refs.as_slice()),
+                )?;
+                log.added_guidelines = summary
+                    .apis
+                    .iter()
+                    .filter_map(|a| Some((a.api.clone(), a.added_id?)))
+                    .collect();
+                log.reweighted = summary.reweighted;
+                if task_memory {
+                    let v = self.embedder.embed(&[task.prompt.as_str()])?;
+                    self.past.add(&[summary.task_index as i64], &v)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Strategy for DocStrategy<'_> {
+    fn name(&self) -> String {
+        match self.mode {
+            DocMode::Rag => "doc-rag".into(),
+            DocMode::Accum { .. } => "memcoder-accum".into(),
+            DocMode::Memcoder {
+                task_memory,
+                api_memory,
+            } => match (task_memory, api_memory) {
+                (true, true) => "memcoder".into(),
+                (false, true) => "memcoder-no-task-memory".into(),
+                (true, false) => "memcoder-no-api-memory".into(),
+                (false, false) => "memcoder-no-memory".into(),
+            },
+        }
+    }
+
+    fn solve(
+        &mut self,
+        env: &Env,
+        tasks: &[&Task],
+        n: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Vec<Vec<Solution>>, RolloutError> {
+        let total = tasks.len() * n;
+        let mut out = Vec::with_capacity(tasks.len());
+        for (i, task) in tasks.iter().enumerate() {
+            let (prompt, mut log) = self.prompt_for(env, task)?;
+            let comps = env.generate(&vec![prompt; n])?;
+            let codes: Vec<&str> = comps.iter().map(|c| code_of(&c.text)).collect();
+            let jobs: Vec<(&Task, &str)> = codes.iter().map(|c| (*task, *c)).collect();
+            let reports = env.sandbox.run_batch(&jobs);
+            log.passed = reports[0].outcome == Some(crate::exec::RewardClass::Pass);
+            self.evolve(env, task, codes[0], &reports[0], &mut log)?;
+            self.log.push(log);
+            out.push(
+                comps
+                    .into_iter()
+                    .zip(reports)
+                    .map(|(c, r)| Solution {
+                        completion: c.text,
+                        attempts: Vec::new(),
+                        report: Some(r),
+                    })
+                    .collect(),
+            );
+            progress((i + 1) * n, total);
+        }
+        Ok(out)
+    }
+
+    fn stats(&self) -> Vec<(String, f64)> {
+        let s = self.memory.stats();
+        let guidelines: usize = self
+            .doc_names
+            .iter()
+            .filter_map(|n| self.memory.api(n))
+            .map(|a| a.guidelines.len())
+            .sum();
+        match self.mode {
+            DocMode::Rag => Vec::new(),
+            DocMode::Accum { .. } => vec![("trajectories".into(), self.accum.len() as f64)],
+            DocMode::Memcoder { .. } => vec![
+                ("task_entries".into(), self.memory.tasks().len() as f64),
+                ("task_guidelines".into(), s.task_guidelines as f64),
+                ("guidelines_active".into(), guidelines as f64),
+                ("added".into(), s.added as f64),
+                ("deleted".into(), s.deleted as f64),
+                ("discarded".into(), s.discarded as f64),
+                ("unparseable".into(), s.unparseable as f64),
+            ],
+        }
+    }
+}

@@ -1,0 +1,500 @@
+//! The repairing strategies: self-repair (the model revises its own code
+//! from the guiding test's error) and MemoCoder (papers/memocoder.txt §2:
+//! planner, code writer, test executor on the guiding test, mentor with the
+//! fixing knowledge set, repair loop, online-adaptation rounds).
+//!
+//! Both share one loop. Tasks go through it in chunks of
+//! `batch_size / n` tasks, every step of a chunk batched into one
+//! generator call; fixes learned in a chunk are retrieved from the next
+//! chunk on, and the mentor rewrites its suggestions between chunks. So
+//! no task ever benefits from its own fix (the paper's causal ordering).
+//!
+//! Where the paper is silent we chose, and say so here: self-repair's
+//! first attempt is the zero-shot prompt (no test shown); MemoCoder's code
+//! writer is shown every plan and picks one; a fix entry stores the first
+//! failing code, its error and the code that finally passed.
+
+use std::fmt::Write as _;
+
+use crate::config::StrategyConfig;
+use crate::exec::{ExecReport, RewardClass};
+use crate::memory::fixes::{FixEntry, FixKnowledge, FixesConfig, Mentor};
+use crate::task::Task;
+
+use super::solve::{code_of, error_message, guiding, Env, RolloutError, Solution, Strategy};
+use super::{name_hint, task_prompt};
+
+/// Which repairing strategy, with its ablation switches.
+#[derive(Debug, Clone)]
+pub struct RepairConfig {
+    pub memocoder: bool,
+    pub max_attempts: usize,
+    pub plans: usize,
+    pub planning: bool,
+    pub retrieval: bool,
+    pub mentor: bool,
+    pub fixes_shown: usize,
+    pub rounds: usize,
+    pub fixes: FixesConfig,
+}
+
+impl RepairConfig {
+    /// Self-repair: attempts from `[strategy]`, nothing else.
+    pub fn self_repair(s: &StrategyConfig) -> Self {
+        RepairConfig {
+            memocoder: false,
+            max_attempts: s.max_attempts,
+            plans: 0,
+            planning: false,
+            retrieval: false,
+            mentor: false,
+            fixes_shown: 0,
+            rounds: 1,
+            fixes: FixesConfig::default(),
+        }
+    }
+
+    /// MemoCoder with `[strategy]`'s switches and `[memory.fixes]`.
+    pub fn memocoder(s: &StrategyConfig, fixes: &FixesConfig) -> Self {
+        RepairConfig {
+            memocoder: true,
+            max_attempts: s.max_attempts,
+            plans: s.plans,
+            planning: s.planning,
+            retrieval: s.retrieval,
+            mentor: s.mentor,
+            fixes_shown: s.fixes_shown,
+            rounds: s.rounds,
+            fixes: fixes.clone(),
+        }
+    }
+}
+
+/// Counters of what the loop did, reported in results.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RepairStats {
+    pub attempts: u64,
+    pub repairs_tried: u64,
+    pub repaired: u64,
+    pub fixes_added: u64,
+    pub fixes_retrieved: u64,
+    pub plan_parse_failures: u64,
+    pub mentor_rewrites: u64,
+    pub mentor_rewrite_failures: u64,
+}
+
+/// Self-repair or MemoCoder, with the knowledge MemoCoder accumulates.
+pub struct Repair {
+    cfg: RepairConfig,
+    knowledge: FixKnowledge,
+    mentor: Mentor,
+    pub stats: RepairStats,
+}
+
+/// One sample slot while it is being solved.
+struct Slot {
+    task: usize,
+    completion: String,
+    attempts: Vec<String>,
+    /// The first failing attempt of the current round: (code, report).
+    first_failure: Option<(String, ExecReport)>,
+    last: Option<(String, ExecReport)>,
+    plans: String,
+    solved: bool,
+}
+
+impl Repair {
+    pub fn new(cfg: RepairConfig) -> Self {
+        Repair {
+            cfg,
+            knowledge: FixKnowledge::new(),
+            mentor: Mentor::default(),
+            stats: RepairStats::default(),
+        }
+    }
+
+    pub fn knowledge(&self) -> &FixKnowledge {
+        &self.knowledge
+    }
+
+    pub fn mentor(&self) -> &Mentor {
+        &self.mentor
+    }
+
+    /// Run `tasks` through the loop only to grow the fixing knowledge and
+    /// the mentor's suggestions (MemoCoder's accumulation phase, §3.1); the
+    /// answers are dropped.
+    pub fn accumulate(&mut self, env: &Env, tasks: &[&Task]) -> Result<(), RolloutError> {
+        self.solve(env, tasks, 1, &mut |_, _| {})?;
+        Ok(())
+    }
+
+    fn planner_prompt(&self, task: &Task) -> String {
+        let mut p = format!(
+            "Here is a programming problem.\n\n{}\n",
+            task.prompt.trim_end()
+        );
+        if let Some(h) = name_hint(task) {
+            let _ = writeln!(p, "{h}");
+        }
+        let _ = write!(
+            p,
+            "\nA test the solution must pass:\n```python\n{}\n```\n\nWrite {} different step-by-step plans (in words, no code) for solving it. \
+             Start each with a line \"Plan N:\".",
+            task.tests[0].trim_end(),
+            self.cfg.plans
+        );
+        p
+    }
+
+    fn first_prompt(&self, env: &Env, task: &Task, plans: &str) -> String {
+        if !self.cfg.memocoder {
+            return task_prompt(env.instruction, task);
+        }
+        let mut p = format!("{}\n", task_prompt(env.instruction, task));
+        let _ = write!(
+            p,
+            "\nThe solution must pass this test:\n```python\n{}\n```\n",
+            task.tests[0].trim_end()
+        );
+        if !plans.is_empty() {
+            let _ = write!(
+                p,
+                "\nPlans for solving it:\n{}\n\nChoose the plan you find best and implement it.",
+                plans.trim()
+            );
+        }
+        p
+    }
+
+    fn repair_prompt(&mut self, env: &Env, task: &Task, code: &str, report: &ExecReport) -> String {
+        let err = error_message(report);
+        let mut p = format!("{}\n", task_prompt(env.instruction, task));
+        let _ = write!(
+            p,
+            "\nThis solution was written earlier:\n```python\n{}\n```\n\nIt fails this test:\n```python\n{}\n```\nwith this error:\n{}\n",
+            code.trim_end(),
+            task.tests[0].trim_end(),
+            err
+        );
+        if self.cfg.memocoder {
+            let class = report.error_kind.map(|k| k.memocoder_class());
+            if self.cfg.retrieval && self.cfg.fixes_shown > 0 {
+                let hits = self.knowledge.retrieve(&err, self.cfg.fixes.top_k);
+                self.stats.fixes_retrieved += hits.len() as u64;
+                for h in hits.iter().take(self.cfg.fixes_shown) {
+                    let _ = write!(
+                        p,
+                        "\nA past fix of a similar error ({}):\nBefore:\n```python\n{}\n```\nAfter:\n```python\n{}\n```\n",
+                        h.entry.error_message.trim(),
+                        clip(&h.entry.failing_code, 1200),
+                        clip(&h.entry.fixed_code, 1200)
+                    );
+                }
+            }
+            if let (true, Some(c)) = (self.cfg.mentor, class) {
+                let _ = write!(
+                    p,
+                    "\nFixing suggestions for this kind of error:\n{}",
+                    self.mentor.suggestion_text(c)
+                );
+            }
+        }
+        p.push_str("\nWrite the corrected, complete solution in one ```python block.");
+        p
+    }
+
+    /// Run one round (first attempt and repairs) for the slots in `which`.
+    fn round(
+        &mut self,
+        env: &Env,
+        tasks: &[&Task],
+        guides: &[Task],
+        slots: &mut [Slot],
+        which: &[usize],
+    ) -> Result<(), RolloutError> {
+        // Planner, then the code writer's first attempt.
+        let plans: Vec<String> = if self.cfg.memocoder && self.cfg.planning {
+            let prompts: Vec<String> = which
+                .iter()
+                .map(|&s| self.planner_prompt(tasks[slots[s].task]))
+                .collect();
+            env.generate(&prompts)?
+                .into_iter()
+                .map(|c| {
+                    let (plans, ok) = parse_plans(&c.text, self.cfg.plans);
+                    if !ok {
+                        self.stats.plan_parse_failures += 1;
+                    }
+                    plans
+                })
+                .collect()
+        } else {
+            vec![String::new(); which.len()]
+        };
+        let prompts: Vec<String> = which
+            .iter()
+            .zip(&plans)
+            .map(|(&s, p)| self.first_prompt(env, tasks[slots[s].task], p))
+            .collect();
+        for (&s, p) in which.iter().zip(plans) {
+            slots[s].plans = p;
+            slots[s].first_failure = None;
+        }
+        let comps = env.generate(&prompts)?;
+        self.record(env, guides, slots, which, comps);
+
+        for _ in 1..self.cfg.max_attempts {
+            let failing: Vec<usize> = which
+                .iter()
+                .copied()
+                .filter(|&s| !slots[s].solved)
+                .collect();
+            if failing.is_empty() {
+                break;
+            }
+            let prompts: Vec<String> = failing
+                .iter()
+                .map(|&s| {
+                    let (code, report) = slots[s].last.clone().expect("an attempt ran");
+                    self.repair_prompt(env, &guides[slots[s].task], &code, &report)
+                })
+                .collect();
+            self.stats.repairs_tried += failing.len() as u64;
+            let comps = env.generate(&prompts)?;
+            self.record(env, guides, slots, &failing, comps);
+        }
+        Ok(())
+    }
+
+    /// Execute each slot's new completion on its guiding test and update it;
+    /// a repair that made a failing slot pass becomes a fix.
+    fn record(
+        &mut self,
+        env: &Env,
+        guides: &[Task],
+        slots: &mut [Slot],
+        which: &[usize],
+        comps: Vec<crate::model::Completion>,
+    ) {
+        let codes: Vec<String> = comps.iter().map(|c| code_of(&c.text).to_owned()).collect();
+        let jobs: Vec<(&Task, &str)> = which
+            .iter()
+            .zip(&codes)
+            .map(|(&s, c)| (&guides[slots[s].task], c.as_str()))
+            .collect();
+        let reports = env.sandbox.run_batch(&jobs);
+        self.stats.attempts += which.len() as u64;
+        for (((&s, c), code), report) in which.iter().zip(comps).zip(codes).zip(reports) {
+            let slot = &mut slots[s];
+            slot.completion = c.text;
+            slot.attempts.push(report.outcome_label());
+            slot.solved = report.outcome == Some(RewardClass::Pass);
+            if slot.solved {
+                if let Some((failing, bad)) = slot.first_failure.take() {
+                    self.stats.repaired += 1;
+                    if self.cfg.memocoder {
+                        self.learn(&guides[slot.task], failing, &bad, code.clone());
+                    }
+                }
+            } else if slot.first_failure.is_none() && report.outcome.is_some() {
+                slot.first_failure = Some((code.clone(), report.clone()));
+            }
+            slot.last = Some((code, report));
+        }
+    }
+
+    fn learn(&mut self, task: &Task, failing_code: String, report: &ExecReport, fixed: String) {
+        let Some(kind) = report.error_kind else {
+            return;
+        };
+        let entry = FixEntry {
+            error_kind: kind,
+            error_message: error_message(report),
+            failing_code,
+            fixed_code: fixed,
+            task: task.prompt.clone(),
+        };
+        let id = self.knowledge.add(entry.clone());
+        self.mentor.note_fix(id, &entry);
+        self.stats.fixes_added += 1;
+    }
+
+    /// The mentor rewrites the suggestions of every class with enough new
+    /// fixes (§2.2.4); an unparseable answer leaves the class as it was.
+    fn mentor_rewrites(&mut self, env: &Env) -> Result<(), RolloutError> {
+        if !(self.cfg.memocoder && self.cfg.mentor) {
+            return Ok(());
+        }
+        let requests: Vec<_> = self
+            .mentor
+            .due(&self.cfg.fixes)
+            .into_iter()
+            .filter_map(|c| {
+                self.mentor
+                    .rewrite_request(c, &self.knowledge, &self.cfg.fixes)
+            })
+            .collect();
+        if requests.is_empty() {
+            return Ok(());
+        }
+        let prompts: Vec<String> = requests.iter().map(|r| r.prompt.clone()).collect();
+        let answers = env.reflect(&prompts)?;
+        for (r, a) in requests.iter().zip(answers) {
+            match self.mentor.apply_rewrite(r, &a.text, &self.cfg.fixes) {
+                Ok(_) => self.stats.mentor_rewrites += 1,
+                Err(_) => self.stats.mentor_rewrite_failures += 1,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Strategy for Repair {
+    fn name(&self) -> String {
+        if self.cfg.memocoder {
+            "memocoder"
+        } else {
+            "self-repair"
+        }
+        .into()
+    }
+
+    fn solve(
+        &mut self,
+        env: &Env,
+        tasks: &[&Task],
+        n: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Vec<Vec<Solution>>, RolloutError> {
+        if let Some(t) = tasks.iter().find(|t| t.tests.is_empty()) {
+            return Err(RolloutError::Invalid(format!(
+                "task {}: no test to guide repairs",
+                t.id
+            )));
+        }
+        let guides: Vec<Task> = tasks.iter().map(|t| guiding(t)).collect();
+        let mut slots: Vec<Slot> = (0..tasks.len())
+            .flat_map(|t| std::iter::repeat_n(t, n))
+            .map(|task| Slot {
+                task,
+                completion: String::new(),
+                attempts: Vec::new(),
+                first_failure: None,
+                last: None,
+                plans: String::new(),
+                solved: false,
+            })
+            .collect();
+        let total = slots.len() * self.cfg.rounds;
+        let chunk_tasks = (env.batch_size / n.max(1)).max(1);
+        let mut done = 0;
+        for round in 0..self.cfg.rounds {
+            for first in (0..tasks.len()).step_by(chunk_tasks) {
+                let which: Vec<usize> = (first * n..((first + chunk_tasks).min(tasks.len())) * n)
+                    .filter(|&s| round == 0 || !slots[s].solved)
+                    .collect();
+                if !which.is_empty() {
+                    self.round(env, tasks, &guides, &mut slots, &which)?;
+                    self.mentor_rewrites(env)?;
+                }
+                done += ((first + chunk_tasks).min(tasks.len()) - first) * n;
+                progress(done, total);
+            }
+            if slots.iter().all(|s| s.solved) {
+                progress(total, total);
+                break;
+            }
+        }
+        let mut out: Vec<Vec<Solution>> = (0..tasks.len()).map(|_| Vec::with_capacity(n)).collect();
+        for s in slots {
+            out[s.task].push(Solution {
+                completion: s.completion,
+                attempts: s.attempts,
+                report: None,
+            });
+        }
+        Ok(out)
+    }
+
+    fn stats(&self) -> Vec<(String, f64)> {
+        let s = &self.stats;
+        let mut v = vec![
+            ("attempts", s.attempts),
+            ("repairs_tried", s.repairs_tried),
+            ("repaired", s.repaired),
+        ];
+        if self.cfg.memocoder {
+            v.extend([
+                ("fixes_added", s.fixes_added),
+                ("fixes_known", self.knowledge.len() as u64),
+                ("fixes_retrieved", s.fixes_retrieved),
+                ("plan_parse_failures", s.plan_parse_failures),
+                ("mentor_rewrites", s.mentor_rewrites),
+                ("mentor_rewrite_failures", s.mentor_rewrite_failures),
+            ]);
+        }
+        v.into_iter()
+            .map(|(k, x)| (k.to_owned(), x as f64))
+            .collect()
+    }
+}
+
+/// The planner's answer as the code writer sees it: up to `max` plans,
+/// each starting at a "Plan N:" line. When no such line is found the whole
+/// answer is used as one plan and `false` says the format was missed.
+pub fn parse_plans(answer: &str, max: usize) -> (String, bool) {
+    let mut plans: Vec<String> = Vec::new();
+    for line in answer.lines() {
+        let t = line.trim_start().trim_start_matches(['#', '*', ' ']);
+        let is_head = t
+            .strip_prefix("Plan")
+            .map(|r| {
+                let r = r.trim_start();
+                let digits = r.chars().take_while(char::is_ascii_digit).count();
+                digits > 0 && r[digits..].trim_start_matches('*').starts_with([':', '.'])
+            })
+            .unwrap_or(false);
+        if is_head {
+            plans.push(String::new());
+        }
+        if let Some(p) = plans.last_mut() {
+            p.push_str(line.trim_end());
+            p.push('\n');
+        }
+    }
+    if plans.is_empty() {
+        return (answer.trim().to_owned(), false);
+    }
+    plans.truncate(max);
+    (plans.concat().trim().to_owned(), true)
+}
+
+fn clip(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.trim_end().to_owned(),
+        Some((at, _)) => format!("{}\n# ... [cut]", &s[..at]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_split_at_their_headers_and_fall_back_to_the_whole_answer() {
+        let a = "Sure!\nPlan 1: sort.\nthen scan\n**Plan 2:** hash it\n### Plan 3. brute force\nPlan 4: extra";
+        let (p, ok) = parse_plans(a, 3);
+        assert!(ok);
+        assert!(
+            p.starts_with("Plan 1: sort.\nthen scan\n**Plan 2:** hash it"),
+            "{p}"
+        );
+        assert!(p.contains("Plan 3. brute force") && !p.contains("Plan 4") && !p.contains("Sure"));
+        let (p, ok) = parse_plans("just do it\n", 3);
+        assert!(!ok);
+        assert_eq!(p, "just do it");
+        // "Planning:" is not a header.
+        assert!(!parse_plans("Planning: x", 3).1);
+    }
+}

@@ -1,0 +1,272 @@
+//! What every strategy shares: the [`Env`] it runs in (generator,
+//! reflector, sandbox, sampler, batch size, seeds), the [`Solution`] it
+//! returns per sample, the [`Strategy`] trait, and the single-shot
+//! strategies (one prompt per task: zero-shot, FALCON, doc-RAG).
+//!
+//! Repairing strategies see only a task's guiding test (its first test,
+//! MemoCoder §2.1); the evaluation scores every final answer on all tests,
+//! so no strategy learns from the tests it is scored on.
+
+use std::cell::Cell;
+
+use crate::exec::{ExecReport, Sandbox, TestStatus};
+use crate::memory::memcoder::MemcoderError;
+use crate::memory::MemoryError;
+use crate::model::{Completion, GenerationParams, Generator, ModelError};
+use crate::reward::code_in_completion;
+use crate::task::Task;
+
+/// Problems a strategy can hit.
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    #[error(transparent)]
+    Memcoder(#[from] MemcoderError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Where a strategy runs.
+pub struct Env<'a> {
+    /// Writes the code (and MemoCoder's plans).
+    pub generator: &'a dyn Generator,
+    /// MEMCoder's reflector and MemoCoder's mentor (often the generator).
+    pub reflector: &'a dyn Generator,
+    pub sandbox: &'a Sandbox,
+    /// The zero-shot instruction put before each task.
+    pub instruction: &'a str,
+    /// Sampling for answers; its seed is replaced per call.
+    pub params: GenerationParams,
+    /// Sampling for reflections (greedy in practice); seed replaced too.
+    pub reflect_params: GenerationParams,
+    /// Prompts per generator call.
+    pub batch_size: usize,
+    seed: u64,
+    calls: Cell<u64>,
+}
+
+impl<'a> Env<'a> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        generator: &'a dyn Generator,
+        reflector: &'a dyn Generator,
+        sandbox: &'a Sandbox,
+        instruction: &'a str,
+        params: GenerationParams,
+        reflect_params: GenerationParams,
+        batch_size: usize,
+        seed: u64,
+    ) -> Self {
+        Env {
+            generator,
+            reflector,
+            sandbox,
+            instruction,
+            params,
+            reflect_params,
+            batch_size: batch_size.max(1),
+            seed,
+            calls: Cell::new(0),
+        }
+    }
+
+    /// Generate one answer per prompt, `batch_size` prompts per call. Each
+    /// call gets the next seed after the evaluation seed, so a rerun makes
+    /// the same samples and no two calls share a stream.
+    pub fn generate(&self, prompts: &[String]) -> Result<Vec<Completion>, RolloutError> {
+        self.run(self.generator, &self.params, prompts)
+    }
+
+    /// [`Env::generate`] with the reflector and its parameters.
+    pub fn reflect(&self, prompts: &[String]) -> Result<Vec<Completion>, RolloutError> {
+        self.run(self.reflector, &self.reflect_params, prompts)
+    }
+
+    fn run(
+        &self,
+        generator: &dyn Generator,
+        params: &GenerationParams,
+        prompts: &[String],
+    ) -> Result<Vec<Completion>, RolloutError> {
+        let mut out = Vec::with_capacity(prompts.len());
+        for chunk in prompts.chunks(self.batch_size) {
+            let call = self.calls.get();
+            self.calls.set(call + 1);
+            let mut p = params.clone();
+            p.seed = Some(self.seed.wrapping_add(call));
+            let comps = generator.generate(chunk, &p)?;
+            if comps.len() != chunk.len() {
+                return Err(RolloutError::Invalid(format!(
+                    "the generator returned {} completions for {} prompts",
+                    comps.len(),
+                    chunk.len()
+                )));
+            }
+            out.extend(comps);
+        }
+        Ok(out)
+    }
+}
+
+/// One sample's answer.
+#[derive(Debug, Clone)]
+pub struct Solution {
+    /// The final completion's text.
+    pub completion: String,
+    /// Outcome labels (`pass`, an error kind, `no_signal`) of every attempt
+    /// on the guiding test, in order; empty for single-shot strategies.
+    pub attempts: Vec<String>,
+    /// The final code's run on all tests, when the strategy needed it
+    /// anyway (MEMCoder evolves from it); the evaluation runs it otherwise.
+    pub report: Option<ExecReport>,
+}
+
+impl Solution {
+    pub fn single(completion: String) -> Self {
+        Solution {
+            completion,
+            attempts: Vec::new(),
+            report: None,
+        }
+    }
+}
+
+/// A way of producing answers for tasks.
+pub trait Strategy {
+    /// The name results carry (`zero-shot`, `memocoder`, ...).
+    fn name(&self) -> String;
+
+    /// `n` independent samples for each task, in task order (strategies
+    /// with memory learn from earlier tasks while they go).
+    /// `progress(done, total)` counts finished samples.
+    fn solve(
+        &mut self,
+        env: &Env,
+        tasks: &[&Task],
+        n: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Vec<Vec<Solution>>, RolloutError>;
+
+    /// What the strategy's memory did (fixes learned, guidelines added,
+    /// mentor rewrites), for logs and results; empty when it has none.
+    fn stats(&self) -> Vec<(String, f64)> {
+        Vec::new()
+    }
+}
+
+/// The code a completion's answer contains.
+pub fn code_of(completion: &str) -> &str {
+    code_in_completion(completion).1
+}
+
+/// The task with only its guiding test (the first).
+pub fn guiding(task: &Task) -> Task {
+    let mut t = task.clone();
+    t.tests.truncate(1);
+    t
+}
+
+/// The error a failing run shows: the first failing test's kind and
+/// message, as the interpreter wrote it (no framing words, so MemoCoder's
+/// word-run retrieval matches on the error itself).
+pub fn error_message(report: &ExecReport) -> String {
+    if let Some(why) = &report.no_signal {
+        return format!("no signal: {why}");
+    }
+    match report.tests.iter().find(|t| t.status != TestStatus::Pass) {
+        Some(t) => match &t.status {
+            TestStatus::Error { kind, message } => {
+                let m = message.trim();
+                if m.is_empty() {
+                    format!("{kind:?}")
+                } else if m.contains(&format!("{kind:?}")) {
+                    m.to_owned()
+                } else {
+                    format!("{kind:?}: {m}")
+                }
+            }
+            _ => "AssertionError: the test's assertion failed (wrong result)".to_owned(),
+        },
+        None => String::new(),
+    }
+}
+
+/// Single-shot strategies: one fixed prompt per task, `n` samples each.
+pub struct Prompted {
+    name: String,
+    prompts: PromptSource,
+}
+
+enum PromptSource {
+    ZeroShot,
+    Given(Vec<String>),
+}
+
+impl Prompted {
+    pub fn zero_shot() -> Self {
+        Prompted {
+            name: "zero-shot".into(),
+            prompts: PromptSource::ZeroShot,
+        }
+    }
+
+    /// One prompt per task, in the order `solve` will get the tasks.
+    pub fn given(name: &str, prompts: Vec<String>) -> Self {
+        Prompted {
+            name: name.into(),
+            prompts: PromptSource::Given(prompts),
+        }
+    }
+}
+
+impl Strategy for Prompted {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn solve(
+        &mut self,
+        env: &Env,
+        tasks: &[&Task],
+        n: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Vec<Vec<Solution>>, RolloutError> {
+        let prompts: Vec<String> = match &self.prompts {
+            PromptSource::ZeroShot => tasks
+                .iter()
+                .map(|t| super::task_prompt(env.instruction, t))
+                .collect(),
+            PromptSource::Given(p) if p.len() == tasks.len() => p.clone(),
+            PromptSource::Given(p) => {
+                return Err(RolloutError::Invalid(format!(
+                    "{} prompts for {} tasks",
+                    p.len(),
+                    tasks.len()
+                )))
+            }
+        };
+        let jobs: Vec<String> = prompts
+            .iter()
+            .flat_map(|p| std::iter::repeat_n(p.clone(), n))
+            .collect();
+        let total = jobs.len();
+        let mut out: Vec<Vec<Solution>> = Vec::with_capacity(tasks.len());
+        let mut row = Vec::with_capacity(n);
+        let mut done = 0;
+        // One generate call per batch, so progress moves while it runs.
+        for chunk in jobs.chunks(env.batch_size) {
+            for c in env.generate(chunk)? {
+                row.push(Solution::single(c.text));
+                if row.len() == n {
+                    out.push(std::mem::take(&mut row));
+                }
+            }
+            done += chunk.len();
+            progress(done, total);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,614 @@
+//! The rollout strategies end to end with scripted generators and the real
+//! sandbox: what each prompt showed, what was retrieved, injected, learned
+//! and evolved at each step, and the attempt chains evaluation reports.
+
+use std::sync::Mutex;
+
+use falcon_rl::config::{EvalConfig, ExecConfig, GenerationConfig, StrategyConfig};
+use falcon_rl::eval::{evaluate_strategy, EvalSpec};
+use falcon_rl::exec::{MemoCoderClass, Sandbox};
+use falcon_rl::memory::fixes::FixesConfig;
+use falcon_rl::memory::memcoder::{ApiDoc, MemCoderParams};
+use falcon_rl::memory::HashEmbedder;
+use falcon_rl::model::{Completion, FinishReason, GenerationParams, Generator, ModelError};
+use falcon_rl::rollout::memcoder::{DocMode, DocSizes, DocStrategy};
+use falcon_rl::rollout::repair::{Repair, RepairConfig};
+use falcon_rl::rollout::{Env, Strategy};
+use falcon_rl::task::Task;
+
+/// Answers each prompt with `f(prompt)` and records every prompt.
+struct Scripted<F: Fn(&str) -> String> {
+    f: F,
+    seen: Mutex<Vec<String>>,
+}
+
+impl<F: Fn(&str) -> String> Scripted<F> {
+    fn new(f: F) -> Self {
+        Scripted {
+            f,
+            seen: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl<F: Fn(&str) -> String> Generator for Scripted<F> {
+    fn generate(
+        &self,
+        prompts: &[String],
+        _params: &GenerationParams,
+    ) -> Result<Vec<Completion>, ModelError> {
+        let mut seen = self.seen.lock().unwrap();
+        Ok(prompts
+            .iter()
+            .map(|p| {
+                seen.push(p.clone());
+                Completion::text_only((self.f)(p), FinishReason::Eos)
+            })
+            .collect())
+    }
+}
+
+fn task(id: &str, prompt: &str, entry: &str, tests: &[&str]) -> Task {
+    Task {
+        id: id.into(),
+        prompt: prompt.into(),
+        entry_point: entry.into(),
+        tests: tests.iter().map(|t| t.to_string()).collect(),
+        kind: Default::default(),
+        canonical_solution: None,
+        docs: None,
+        tags: vec![],
+        test_setup: None,
+    }
+}
+
+fn sandbox(uid_base: u32) -> Sandbox {
+    Sandbox::new(&ExecConfig {
+        workers: 2,
+        uid_base,
+        timeout_s: 2.0,
+        memory_mb: 512,
+        ..ExecConfig::default()
+    })
+    .unwrap_or_else(|e| panic!("sandbox: {e}"))
+}
+
+fn py(code: &str) -> String {
+    format!("```python\n{code}```")
+}
+
+/// An environment with batch size 1, so every task is its own chunk and
+/// what one task learned is visible to the next.
+fn env<'a>(
+    g: &'a dyn Generator,
+    r: &'a dyn Generator,
+    sb: &'a Sandbox,
+    gen: &'a GenerationConfig,
+    eval: &'a EvalConfig,
+) -> Env<'a> {
+    let spec = EvalSpec {
+        instruction: "Solve:",
+        generation: gen,
+        eval,
+        seed: 1,
+        prompts: None,
+    };
+    spec.env(g, r, sb)
+}
+
+/// The task a prompt is about, from its statement ("Write f(...").
+/// Retrieved fixes show other tasks' code, so only the statement counts.
+fn which(p: &str) -> &'static str {
+    for f in ["add", "neg", "inc", "dec", "never"] {
+        if p.contains(&format!("Write {f}(")) {
+            return f;
+        }
+    }
+    panic!("no known function in prompt:\n{p}");
+}
+
+fn memocoder_tasks() -> Vec<Task> {
+    vec![
+        task(
+            "add",
+            "Write add(a, b) returning a + b.",
+            "add",
+            &["assert add(1, 2) == 3", "assert add(0, 5) == 5"],
+        ),
+        task(
+            "neg",
+            "Write neg(x) returning -x.",
+            "neg",
+            &["assert neg(2) == -2", "assert neg(0) == 0"],
+        ),
+        task(
+            "inc",
+            "Write inc(x) returning x + 1.",
+            "inc",
+            &["assert inc(1) == 2", "assert inc(-1) == 0"],
+        ),
+        task(
+            "dec",
+            "Write dec(x) returning x - 1.",
+            "dec",
+            &["assert dec(1) == 0", "assert dec(3) == 2"],
+        ),
+        task(
+            "never",
+            "Write never(x) returning x * 3.",
+            "never",
+            &["assert never(1) == 3", "assert never(2) == 6"],
+        ),
+    ]
+}
+
+/// The code writer's answers: a wrong first attempt (a wrong result for
+/// `add` and `never`, an undefined name for the rest), a right repair
+/// (never for `never`).
+fn memocoder_answer(p: &str) -> String {
+    if p.contains("different step-by-step plans") {
+        return "Plan 1: do it directly.\nPlan 2: use a helper.\nPlan 3: loop.".into();
+    }
+    let f = which(p);
+    let repair = p.contains("This solution was written earlier");
+    let code = match (f, repair) {
+        ("add", false) => "def add(a, b):\n    return a - b\n",
+        ("add", true) => "def add(a, b):\n    return a + b\n",
+        ("neg", false) => "def neg(x):\n    return -y\n",
+        ("neg", true) => "def neg(x):\n    return -x\n",
+        ("inc", false) => "def inc(x):\n    return x + one\n",
+        ("inc", true) => "def inc(x):\n    return x + 1\n",
+        ("dec", false) => "def dec(x):\n    return x - one\n",
+        ("dec", true) => "def dec(x):\n    return x - 1\n",
+        ("never", _) => "def never(x):\n    return x * 2\n",
+        _ => unreachable!(),
+    };
+    py(code)
+}
+
+const MENTOR_ANSWER: &str =
+    "1. Define every variable before the line that uses it.\n2. Spell names as in the task.";
+
+#[test]
+fn memocoder_repairs_learns_fixes_and_the_mentor_rewrites() {
+    let sb = sandbox(62500);
+    let g = Scripted::new(memocoder_answer);
+    let mentor = Scripted::new(|p: &str| {
+        assert!(p.contains("You are the mentor"), "{p}");
+        MENTOR_ANSWER.to_owned()
+    });
+    let gen = GenerationConfig::default();
+    let eval = EvalConfig {
+        batch_size: 1,
+        ..EvalConfig::default()
+    };
+    let env = env(&g, &mentor, &sb, &gen, &eval);
+    let strategy_cfg = StrategyConfig {
+        max_attempts: 3,
+        ..StrategyConfig::default()
+    };
+    let fixes = FixesConfig {
+        rewrite_threshold: 2,
+        ..FixesConfig::default()
+    };
+    let mut m = Repair::new(RepairConfig::memocoder(&strategy_cfg, &fixes));
+    let tasks = memocoder_tasks();
+    let list: Vec<&Task> = tasks.iter().collect();
+    let r = evaluate_strategy(&mut m, &env, &list, &eval, &mut |_, _| {}).unwrap();
+
+    // Four repaired, `never` failed all three attempts.
+    let outcomes: Vec<&str> = r
+        .tasks
+        .iter()
+        .map(|t| t.samples[0].outcome.as_str())
+        .collect();
+    assert_eq!(outcomes, ["pass", "pass", "pass", "pass", "WrongAnswer"]);
+    let chains: Vec<Vec<String>> = r
+        .tasks
+        .iter()
+        .map(|t| t.samples[0].attempts.clone())
+        .collect();
+    assert_eq!(chains[0], ["WrongAnswer", "pass"]);
+    assert_eq!(chains[1], ["NameError", "pass"]);
+    assert_eq!(chains[4], ["WrongAnswer", "WrongAnswer", "WrongAnswer"]);
+    assert_eq!(r.strategy, "memocoder");
+    assert!((r.pass(1).unwrap() - 0.8).abs() < 1e-12);
+    let t = &r.transitions;
+    let at = |l: &str| t.labels.iter().position(|x| x == l).unwrap();
+    assert_eq!(t.labels[0], "pass");
+    assert_eq!(t.counts[at("WrongAnswer")][at("pass")], 1);
+    assert_eq!(t.counts[at("NameError")][at("pass")], 3);
+    assert_eq!(t.counts[at("WrongAnswer")][at("WrongAnswer")], 2);
+
+    // Knowledge: one fix per repaired task, holding the first failing code.
+    assert_eq!(m.knowledge().len(), 4);
+    let fix = m.knowledge().get(1).unwrap();
+    assert!(fix.failing_code.contains("-y") && fix.fixed_code.contains("-x"));
+    assert!(
+        fix.error_message.contains("name 'y' is not defined"),
+        "{}",
+        fix.error_message
+    );
+
+    let seen = g.seen();
+    let prompts_for = |f: &str, repair: bool| -> Vec<String> {
+        seen.iter()
+            .filter(|p| !p.contains("different step-by-step plans"))
+            .filter(|p| which(p) == f && p.contains("This solution was written earlier") == repair)
+            .cloned()
+            .collect()
+    };
+    // The planner ran once per sample; its plans reached the code writer,
+    // with the guiding test and never the hidden one.
+    assert_eq!(
+        seen.iter()
+            .filter(|p| p.contains("different step-by-step plans"))
+            .count(),
+        5
+    );
+    let first = &prompts_for("add", false)[0];
+    assert!(first.contains("Plan 2: use a helper."), "{first}");
+    assert!(first.contains("assert add(1, 2) == 3") && !first.contains("assert add(0, 5)"));
+    // `neg` is the first NameError: nothing to retrieve yet.
+    let neg = &prompts_for("neg", true)[0];
+    assert!(neg.contains("name 'y' is not defined"));
+    assert!(!neg.contains("A past fix"), "{neg}");
+    // `inc` retrieves `neg`'s fix (same error words) and not `add`'s.
+    let inc = &prompts_for("inc", true)[0];
+    assert!(
+        inc.contains("A past fix") && inc.contains("return -x"),
+        "{inc}"
+    );
+    assert!(!inc.contains("return a + b"), "{inc}");
+    // Two Exception-class fixes (neg, inc) reached the threshold: the
+    // mentor rewrote once, and `dec`'s repair shows the new list.
+    assert_eq!(mentor.seen().len(), 1);
+    assert_eq!(m.mentor().class(MemoCoderClass::Exception).version, 1);
+    let dec = &prompts_for("dec", true)[0];
+    assert!(
+        dec.contains("Define every variable before the line"),
+        "{dec}"
+    );
+    assert!(
+        !inc.contains("Define every variable before the line"),
+        "{inc}"
+    );
+    // The wrong-answer class still shows its built-in suggestions.
+    assert!(prompts_for("never", true)[0].contains("trace the failing test's input"));
+    let stats: std::collections::BTreeMap<_, _> = r.strategy_stats.clone();
+    assert_eq!(stats["fixes_added"], 4.0);
+    assert_eq!(stats["mentor_rewrites"], 1.0);
+    // Five first attempts, one repair each for four tasks, two for `never`.
+    assert_eq!(stats["attempts"], 5.0 + 4.0 + 2.0);
+}
+
+#[test]
+fn memocoder_ablations_rounds_and_accumulation() {
+    let sb = sandbox(62510);
+    let gen = GenerationConfig::default();
+    let eval = EvalConfig {
+        batch_size: 1,
+        ..EvalConfig::default()
+    };
+    let tasks = memocoder_tasks();
+
+    // Everything off: no planner, no retrieved fix, no suggestions, no mentor.
+    let g = Scripted::new(memocoder_answer);
+    let mentor = Scripted::new(|_: &str| MENTOR_ANSWER.to_owned());
+    let env_off = env(&g, &mentor, &sb, &gen, &eval);
+    let off = StrategyConfig {
+        planning: false,
+        retrieval: false,
+        mentor: false,
+        ..StrategyConfig::default()
+    };
+    let fixes = FixesConfig {
+        rewrite_threshold: 1,
+        ..FixesConfig::default()
+    };
+    let mut m = Repair::new(RepairConfig::memocoder(&off, &fixes));
+    let list: Vec<&Task> = tasks.iter().collect();
+    m.solve(&env_off, &list, 1, &mut |_, _| {}).unwrap();
+    let seen = g.seen();
+    assert!(seen.iter().all(|p| !p.contains("step-by-step plans")
+        && !p.contains("Plans for solving")
+        && !p.contains("A past fix")
+        && !p.contains("Fixing suggestions")));
+    assert!(mentor.seen().is_empty());
+    // Fixes are still learned (the knowledge is the memory, not a prompt part).
+    assert_eq!(m.knowledge().len(), 4);
+
+    // Two online rounds: only `never` (still failing) runs again.
+    let g = Scripted::new(memocoder_answer);
+    let env2 = env(&g, &mentor, &sb, &gen, &eval);
+    let two = StrategyConfig {
+        rounds: 2,
+        max_attempts: 2,
+        ..StrategyConfig::default()
+    };
+    let mut m = Repair::new(RepairConfig::memocoder(&two, &FixesConfig::default()));
+    let sols = m.solve(&env2, &list, 1, &mut |_, _| {}).unwrap();
+    let planner_calls = |f: &str| {
+        g.seen()
+            .iter()
+            .filter(|p| p.contains("step-by-step plans") && which(p) == f)
+            .count()
+    };
+    assert_eq!(planner_calls("never"), 2);
+    assert_eq!(planner_calls("add"), 1);
+    assert_eq!(sols[4][0].attempts.len(), 4);
+    assert_eq!(sols[0][0].attempts, ["WrongAnswer", "pass"]);
+
+    // Accumulate on `neg`, then solve `inc` alone: it retrieves neg's fix.
+    let g = Scripted::new(memocoder_answer);
+    let env3 = env(&g, &mentor, &sb, &gen, &eval);
+    let mut m = Repair::new(RepairConfig::memocoder(
+        &StrategyConfig::default(),
+        &FixesConfig::default(),
+    ));
+    m.accumulate(&env3, &[&tasks[1]]).unwrap();
+    assert_eq!(m.knowledge().len(), 1);
+    m.solve(&env3, &[&tasks[2]], 1, &mut |_, _| {}).unwrap();
+    let inc_repair = g
+        .seen()
+        .into_iter()
+        .find(|p| p.contains("This solution was written earlier") && which(p) == "inc")
+        .unwrap();
+    assert!(inc_repair.contains("return -x"), "{inc_repair}");
+}
+
+#[test]
+fn self_repair_starts_zero_shot_and_sees_only_the_guiding_test() {
+    let sb = sandbox(62520);
+    let g = Scripted::new(memocoder_answer);
+    let never = Scripted::new(|p: &str| panic!("self-repair has no reflector: {p}"));
+    let gen = GenerationConfig::default();
+    let eval = EvalConfig {
+        n: 2,
+        k: vec![1, 2],
+        temperature: 0.8,
+        batch_size: 4,
+        ..EvalConfig::default()
+    };
+    let env = env(&g, &never, &sb, &gen, &eval);
+    let tasks = memocoder_tasks();
+    let list: Vec<&Task> = tasks.iter().collect();
+    let mut s = Repair::new(RepairConfig::self_repair(&StrategyConfig::default()));
+    let r = evaluate_strategy(&mut s, &env, &list, &eval, &mut |_, _| {}).unwrap();
+    assert_eq!(r.strategy, "self-repair");
+    assert_eq!(r.tasks[0].samples.len(), 2);
+    assert_eq!(r.tasks[1].samples[1].attempts, ["NameError", "pass"]);
+    assert_eq!(r.tasks[4].passed, 0);
+    let seen = g.seen();
+    let firsts: Vec<&String> = seen
+        .iter()
+        .filter(|p| !p.contains("This solution was written earlier"))
+        .collect();
+    assert_eq!(firsts.len(), 10);
+    assert!(
+        firsts.iter().all(|p| !p.contains("assert")),
+        "first attempts are zero-shot"
+    );
+    for p in seen
+        .iter()
+        .filter(|p| p.contains("This solution was written earlier"))
+    {
+        assert!(!p.contains("A past fix") && !p.contains("Fixing suggestions"));
+        // The second (hidden) test of each task is never shown.
+        for t in &tasks {
+            assert!(!p.contains(&t.tests[1]), "{p}");
+        }
+    }
+    assert!(!r.strategy_stats.contains_key("fixes_added"));
+}
+
+fn math_docs() -> Vec<ApiDoc> {
+    let doc = |name: &str, sig: &str, desc: &str| ApiDoc {
+        name: name.into(),
+        signature: sig.into(),
+        description: desc.into(),
+        source: None,
+    };
+    vec![
+        doc(
+            "math.gcd",
+            "gcd(a, b)",
+            "Greatest common divisor of the integers a and b.",
+        ),
+        doc("math.sqrt", "sqrt(x)", "Square root of x as a float."),
+        doc(
+            "math.prod",
+            "prod(xs)",
+            "Product of the elements of an iterable.",
+        ),
+    ]
+}
+
+fn stream_tasks() -> Vec<Task> {
+    vec![
+        task(
+            "gcd2",
+            "Return the greatest common divisor of a and b.",
+            "g2",
+            &["assert g2(4, 6) == 2"],
+        ),
+        task(
+            "gcd3",
+            "Return the greatest common divisor of a, b and c.",
+            "g3",
+            &["assert g3(6, 9, 4) == 1", "assert g3(4, 6, 10) == 2"],
+        ),
+        task(
+            "isqrt",
+            "Return the square root of x rounded down to an integer.",
+            "isq",
+            &["assert isq(10) == 3"],
+        ),
+    ]
+}
+
+/// Writer: a right gcd2, a gcd3 that forgets c, a right isq.
+fn stream_answer(p: &str) -> String {
+    let req = p
+        .split("## Requirement")
+        .nth(1)
+        .expect("a MEMCoder context");
+    let code = if req.contains("a and b") {
+        "import math\ndef g2(a, b):\n    return math.gcd(a, b)\n"
+    } else if req.contains("a, b and c") {
+        "import math\ndef g3(a, b, c):\n    return math.gcd(a, b)\n"
+    } else {
+        "import math\ndef isq(x):\n    return int(math.sqrt(x))\n"
+    };
+    py(code)
+}
+
+/// Reflector: one task guideline per task; for `math.gcd` ADD a new
+/// guideline each time, for `math.sqrt` DISCARD.
+fn stream_reflection(p: &str) -> String {
+    if p.contains("record a reusable lesson") {
+        return "GUIDELINE: chain gcd calls for more than two numbers".into();
+    }
+    if p.contains("API `math.gcd`") {
+        let n = p.matches("(weight").count();
+        return format!("GUIDELINE: gcd lesson {}\nACTION: ADD", n + 1);
+    }
+    assert!(p.contains("API `math.sqrt`"), "{p}");
+    "GUIDELINE: sqrt returns a float\nACTION: DISCARD".into()
+}
+
+fn doc_strategy<'e>(mode: DocMode, embedder: &'e HashEmbedder) -> DocStrategy<'e> {
+    DocStrategy::new(
+        mode,
+        DocSizes {
+            k_doc: 1,
+            k_task: 1,
+        },
+        math_docs(),
+        MemCoderParams::default(),
+        embedder,
+    )
+    .unwrap()
+}
+
+#[test]
+fn memcoder_stream_retrieves_injects_and_evolves_at_each_step() {
+    let sb = sandbox(62530);
+    let g = Scripted::new(stream_answer);
+    let refl = Scripted::new(stream_reflection);
+    let gen = GenerationConfig::default();
+    let eval = EvalConfig::default();
+    let env = env(&g, &refl, &sb, &gen, &eval);
+    let embedder = HashEmbedder::new(256).unwrap();
+    let mut s = doc_strategy(
+        DocMode::Memcoder {
+            task_memory: true,
+            api_memory: true,
+        },
+        &embedder,
+    );
+    let tasks = stream_tasks();
+    let list: Vec<&Task> = tasks.iter().collect();
+    let r = evaluate_strategy(&mut s, &env, &list, &eval, &mut |_, _| {}).unwrap();
+    let passed: Vec<bool> = r.tasks.iter().map(|t| t.samples[0].passed).collect();
+    assert_eq!(passed, [true, false, true]);
+    assert_eq!(r.strategy, "memcoder");
+
+    let log = &s.log;
+    // Step 1: empty memory; the doc hit is gcd; nothing injected; gcd gets guideline 1.
+    assert_eq!(log[0].candidate_apis, ["math.gcd"]);
+    assert!(log[0].similar.is_empty() && log[0].injected_guidelines.is_empty());
+    assert_eq!(log[0].added_guidelines, [("math.gcd".to_string(), 1)]);
+    assert!(log[0].reweighted.is_empty());
+    // Step 2: task 1 retrieved with its code and task guideline; gcd's
+    // guideline 1 injected; the failure lowers its weight; guideline 2 added.
+    assert_eq!(log[1].similar, [tasks[0].prompt.clone()]);
+    assert_eq!(log[1].injected_guidelines, [1]);
+    let p = &log[1].prompt;
+    assert!(
+        p.contains("return math.gcd(a, b)") && p.contains("Guideline: chain gcd calls"),
+        "{p}"
+    );
+    assert!(p.contains("- gcd lesson 1"), "{p}");
+    assert_eq!(log[1].reweighted, [1]);
+    assert_eq!(log[1].added_guidelines, [("math.gcd".to_string(), 2)]);
+    let gcd = s.memory().api("math.gcd").unwrap();
+    let w = |id: u64| gcd.guidelines.iter().find(|g| g.id == id).unwrap().weight;
+    assert!(
+        w(1) < w(2),
+        "the failure lowered guideline 1 below the new one"
+    );
+    // Step 3: the sqrt doc hit plus gcd from the similar task's APIs; gcd's
+    // guidelines injected best weight first; success raises both; sqrt's
+    // candidate is discarded.
+    assert_eq!(log[2].candidate_apis[0], "math.sqrt");
+    assert!(log[2].candidate_apis.contains(&"math.gcd".to_string()));
+    assert_eq!(log[2].injected_guidelines, [2, 1]);
+    assert_eq!(log[2].reweighted, [1, 2]);
+    assert!(log[2].added_guidelines.is_empty());
+    let st = s.memory().stats();
+    assert_eq!((st.added, st.discarded, st.task_guidelines), (2, 1, 3));
+    assert_eq!(s.memory().tasks().len(), 3);
+    // One task prompt per task, one API prompt per used API.
+    assert_eq!(refl.seen().len(), 3 + 3);
+}
+
+#[test]
+fn doc_rag_accum_and_memcoder_ablations_show_only_their_memory() {
+    let sb = sandbox(62540);
+    let gen = GenerationConfig::default();
+    let eval = EvalConfig::default();
+    let embedder = HashEmbedder::new(256).unwrap();
+    let tasks = stream_tasks();
+    let list: Vec<&Task> = tasks.iter().collect();
+    let run = |mode: DocMode| {
+        let g = Scripted::new(stream_answer);
+        let refl = Scripted::new(stream_reflection);
+        let env = env(&g, &refl, &sb, &gen, &eval);
+        let mut s = doc_strategy(mode, &embedder);
+        s.solve(&env, &list, 1, &mut |_, _| {}).unwrap();
+        (g.seen(), refl.seen(), s.name())
+    };
+
+    let (prompts, refl, name) = run(DocMode::Rag);
+    assert_eq!(name, "doc-rag");
+    assert!(refl.is_empty());
+    assert!(prompts[0].contains("Signature: gcd(a, b)"));
+    assert!(prompts
+        .iter()
+        .all(|p| !p.contains("Similar past tasks") && !p.contains("Usage guidelines")));
+
+    let (prompts, refl, name) = run(DocMode::Accum { capacity: 1 });
+    assert_eq!(name, "memcoder-accum");
+    assert!(refl.is_empty(), "Accum has no reflector");
+    // Capacity 1: the third task sees only the second's raw trajectory.
+    assert!(prompts[2].contains("return math.gcd(a, b)\n") && prompts[2].contains("def g3"));
+    assert!(!prompts[2].contains("def g2"));
+    assert!(prompts
+        .iter()
+        .all(|p| !p.contains("Guideline:") && !p.contains("Usage guidelines")));
+
+    let (prompts, refl, name) = run(DocMode::Memcoder {
+        task_memory: false,
+        api_memory: true,
+    });
+    assert_eq!(name, "memcoder-no-task-memory");
+    assert!(prompts.iter().all(|p| !p.contains("Similar past tasks")));
+    assert!(prompts[1].contains("- gcd lesson 1"));
+    assert!(refl.iter().all(|p| !p.contains("record a reusable lesson")));
+
+    let (prompts, refl, name) = run(DocMode::Memcoder {
+        task_memory: true,
+        api_memory: false,
+    });
+    assert_eq!(name, "memcoder-no-api-memory");
+    assert!(prompts[1].contains("Similar past tasks"));
+    assert!(prompts
+        .iter()
+        .all(|p| !p.contains("Usage guidelines") && !p.contains("Example of successful use")));
+    assert!(refl.iter().all(|p| p.contains("record a reusable lesson")));
+}
