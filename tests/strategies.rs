@@ -612,3 +612,30 @@ fn doc_rag_accum_and_memcoder_ablations_show_only_their_memory() {
         .all(|p| !p.contains("Usage guidelines") && !p.contains("Example of successful use")));
     assert!(refl.iter().all(|p| p.contains("record a reusable lesson")));
 }
+
+#[test]
+fn single_program_tests_are_never_shown_the_prompt_example_guides_instead() {
+    use falcon_rl::rollout::solve::guiding_tests;
+    let sb = sandbox(62550);
+    let check = "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(5) == 6\n\ncheck(inc)\n";
+    let mut he = task(
+        "he/0",
+        "def inc(x):\n    \"\"\"\n    >>> inc(1)\n    2\n    \"\"\"\n",
+        "inc",
+        &[check],
+    );
+    he.canonical_solution = Some(format!("{}    return x + 1\n", he.prompt));
+    // The docstring's example is wrong: the reference fails it, so it is not used.
+    let mut wrong = he.clone();
+    wrong.prompt = wrong.prompt.replace("    2\n", "    3\n");
+    let mbpp = task(
+        "mbpp/1",
+        "Write inc(x).",
+        "inc",
+        &["assert inc(1) == 2", "assert inc(2) == 3"],
+    );
+    let g = guiding_tests(&sb, &[&he, &wrong, &mbpp]);
+    assert_eq!(g[0].tests, ["assert (inc(1)) == (2)"]);
+    assert_eq!(g[1].tests, ["assert callable(inc)"]);
+    assert_eq!(g[2].tests, ["assert inc(1) == 2"]);
+}

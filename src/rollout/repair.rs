@@ -21,7 +21,7 @@ use crate::exec::{ExecReport, RewardClass};
 use crate::memory::fixes::{FixEntry, FixKnowledge, FixesConfig, Mentor};
 use crate::task::Task;
 
-use super::solve::{code_of, error_message, guiding, Env, RolloutError, Solution, Strategy};
+use super::solve::{code_of, error_message, guiding_tests, Env, RolloutError, Solution, Strategy};
 use super::{name_hint, task_prompt};
 
 /// Which repairing strategy, with its ablation switches.
@@ -373,7 +373,7 @@ impl Strategy for Repair {
                 t.id
             )));
         }
-        let guides: Vec<Task> = tasks.iter().map(|t| guiding(t)).collect();
+        let guides = guiding_tests(env.sandbox, tasks);
         let mut slots: Vec<Slot> = (0..tasks.len())
             .flat_map(|t| std::iter::repeat_n(t, n))
             .map(|task| Slot {

@@ -162,11 +162,88 @@ pub fn code_of(completion: &str) -> &str {
     code_in_completion(completion).1
 }
 
-/// The task with only its guiding test (the first).
-pub fn guiding(task: &Task) -> Task {
-    let mut t = task.clone();
-    t.tests.truncate(1);
-    t
+/// Each task with only its guiding test: the first test when a task has
+/// several (MBPP). A task whose tests are one program (HumanEval's
+/// `check`, NdonnxEval's script) would otherwise show the repair loop the
+/// very test it is scored on, so its guide is the first example of its own
+/// prompt made an assertion (`>>> f(x)` and the line after it, or
+/// `f(x) == y` / `f(x) ➞ y` prose), kept only when the reference solution
+/// passes it; failing that, `assert callable(f)`, which still catches code
+/// that does not parse or never defines the function.
+pub fn guiding_tests(sandbox: &Sandbox, tasks: &[&Task]) -> Vec<Task> {
+    let mut guides: Vec<Task> = tasks
+        .iter()
+        .map(|t| {
+            let mut g = (*t).clone();
+            if t.tests.len() > 1 {
+                g.tests.truncate(1);
+            } else {
+                g.tests = vec![example_assert(&t.prompt, &t.entry_point)
+                    .unwrap_or_else(|| callable_assert(&t.entry_point))];
+            }
+            g
+        })
+        .collect();
+    // Check prompt-derived guides against the reference solutions.
+    let checks: Vec<usize> = (0..tasks.len())
+        .filter(|&i| tasks[i].tests.len() == 1 && tasks[i].canonical_solution.is_some())
+        .filter(|&i| guides[i].tests[0] != callable_assert(&tasks[i].entry_point))
+        .collect();
+    let jobs: Vec<(&Task, &str)> = checks
+        .iter()
+        .map(|&i| {
+            let code = tasks[i].canonical_solution.as_deref().unwrap_or_default();
+            (&guides[i], code)
+        })
+        .collect();
+    let reports = sandbox.run_batch(&jobs);
+    for (&i, r) in checks.iter().zip(reports) {
+        if r.outcome != Some(crate::exec::RewardClass::Pass) {
+            guides[i].tests = vec![callable_assert(&tasks[i].entry_point)];
+        }
+    }
+    guides
+}
+
+fn callable_assert(entry: &str) -> String {
+    format!("assert callable({entry})")
+}
+
+/// The first example in a prompt as an assertion, when there is one.
+pub fn example_assert(prompt: &str, entry: &str) -> Option<String> {
+    let lines: Vec<&str> = prompt.lines().map(str::trim).collect();
+    for (i, l) in lines.iter().enumerate() {
+        let Some(expr) = l.strip_prefix(">>>").map(str::trim) else {
+            continue;
+        };
+        let out: Vec<&str> = lines[i + 1..]
+            .iter()
+            .copied()
+            .take_while(|x| {
+                !x.is_empty()
+                    && !x.starts_with(">>>")
+                    && !x.starts_with("\"\"\"")
+                    && !x.starts_with("'''")
+            })
+            .collect();
+        if expr.contains(entry) && !out.is_empty() {
+            return Some(format!("assert ({expr}) == ({})", out.join(" ")));
+        }
+    }
+    let call = format!("{entry}(");
+    for l in &lines {
+        let Some(at) = l.find(&call) else { continue };
+        let l = &l[at..];
+        for sep in [" == ", " ➞ ", " => ", " -> "] {
+            if let Some((lhs, rhs)) = l.split_once(sep) {
+                let rhs = rhs.trim().trim_end_matches(['.', ',']);
+                if !rhs.is_empty() && lhs.ends_with(')') {
+                    return Some(format!("assert ({lhs}) == ({rhs})"));
+                }
+            }
+        }
+    }
+    None
 }
 
 /// The error a failing run shows: the first failing test's kind and
@@ -268,5 +345,31 @@ impl Strategy for Prompted {
             progress(done, total);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn examples_become_assertions() {
+        let he = "def f(x):\n    \"\"\" Add one.\n    >>> f(1)\n    2\n    >>> f(2)\n    3\n    \"\"\"\n";
+        assert_eq!(example_assert(he, "f").unwrap(), "assert (f(1)) == (2)");
+        let multi = "    >>> f([1,\n    >>> g(1)\n    >>> f([1, 2])\n    [1,\n     2]\n";
+        assert_eq!(
+            example_assert(multi, "f").unwrap(),
+            "assert (f([1, 2])) == ([1, 2])"
+        );
+        let prose = "def g(s):\n    '''For example:\n    g(\"ab\") == \"ba\"\n    g(\"\") ➞ \"\"\n    '''\n";
+        assert_eq!(
+            example_assert(prose, "g").unwrap(),
+            "assert (g(\"ab\")) == (\"ba\")"
+        );
+        let arrow = "Examples\n    h(3) ➞ 9.\n";
+        assert_eq!(example_assert(arrow, "h").unwrap(), "assert (h(3)) == (9)");
+        assert!(example_assert("def k(x):\n    return x\n", "k").is_none());
+        // A doctest that prints nothing is not an example.
+        assert!(example_assert(">>> k(1)\n\n", "k").is_none());
     }
 }
