@@ -117,3 +117,56 @@ fn every_easy_demo_task_passes_and_the_split_is_44_20() {
     let count = |tag: &str| set.with_any_tag(&[tag.to_string()]).len();
     assert_eq!((count("train"), count("heldout")), (44, 20));
 }
+
+/// NdonnxEval (PriCoder) under the venv's ndonnx: ndonnx arrays and dtypes
+/// cross the sandbox as data and are rebuilt as real ndonnx objects, so
+/// 168 of the 169 references pass; the one whose test hands a Python type
+/// object to the candidate gets no signal (never a pass or a fail). A
+/// wrong answer fails, and a forged `Array` class cannot pass.
+#[test]
+fn ndonnxeval_references_pass_through_the_value_protocol() {
+    let cfg = ExecConfig {
+        python: crate::common::python().display().to_string(),
+        ..generous(62560)
+    };
+    let set = TaskSet::load(
+        &shared("ndonnxeval.jsonl"),
+        TaskFormat::Auto,
+        LoadOptions::default(),
+    )
+    .unwrap();
+    let sb = Sandbox::new(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    let jobs: Vec<(&Task, &str)> = set
+        .tasks
+        .iter()
+        .map(|t| (t, t.canonical_solution.as_deref().unwrap()))
+        .collect();
+    let reports = sb.run_batch(&jobs);
+    let pass = reports
+        .iter()
+        .filter(|r| r.outcome == Some(RewardClass::Pass))
+        .count();
+    let unsendable: Vec<&str> = reports
+        .iter()
+        .filter_map(|r| r.no_signal.as_deref())
+        .collect();
+    assert_eq!(pass, 168, "{unsendable:?}");
+    assert_eq!(unsendable.len(), 1);
+    assert!(unsendable[0].contains("passes a type"), "{unsendable:?}");
+
+    let gain = set
+        .tasks
+        .iter()
+        .find(|t| t.id.ends_with("/subset_1_002"))
+        .unwrap();
+    let wrong =
+        "import ndonnx as ndx\ndef apply_gain(x, gain):\n    return ndx.asarray(x) * (gain + 1)\n";
+    let forged = "import ndonnx as ndx\nclass Array:\n    __module__ = 'ndonnx._array'\n    shape = (3,)\n    def __eq__(self, o): return True\n    def to_numpy(self): return self\n    def tolist(self): return self\ndef apply_gain(x, gain):\n    return Array()\n";
+    for code in [wrong, forged] {
+        let r = sb.run(gain, code);
+        assert!(
+            r.outcome.is_some() && r.outcome != Some(RewardClass::Pass),
+            "{code}: {r:?}"
+        );
+    }
+}

@@ -42,6 +42,24 @@ try:
     import numpy as _np
 except BaseException:
     _np = None
+# ndonnx (NdonnxEval's private library) when installed: its arrays and
+# dtypes travel as plain data ($x / $xd) and are rebuilt as real ndonnx
+# objects on the receiving side, so the trusted side never holds one the
+# candidate built.
+_ndx = None
+
+
+def _ndonnx():
+    global _ndx
+    if _ndx is None:
+        try:
+            import ndonnx
+            _ndx = ndonnx
+        except BaseException:
+            _ndx = False
+    return _ndx or None
+
+
 for _m in LIM.get("preload", []):
     try:
         importlib.import_module(_m)
@@ -52,7 +70,8 @@ for _m in LIM.get("preload", []):
 # to them (`import math`, `import numpy as np`): the test then gets the real
 # module, never the candidate's copy. Others stay proxies into the child.
 _DENY = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "webbrowser", "pydoc"}
-_ALLOW_ROOTS = (set(getattr(sys, "stdlib_module_names", ())) - _DENY) | {"numpy", "scipy", "numba", "sympy", "networkx"}
+_ALLOW_ROOTS = (set(getattr(sys, "stdlib_module_names", ())) - _DENY) | {"numpy", "scipy", "numba", "sympy", "networkx",
+                                                                       "ndonnx"}
 
 
 # ---------------------------------------------------------------- framing
@@ -96,7 +115,8 @@ class BadMessage(Exception):
 # ------------------------------------------------- plain-data encoding
 # JSON plus one-key tag objects; every JSON object is a tag, so decoding is
 # unambiguous: $t tuple, $s set, $f frozenset, $d dict (pair list), $b bytes,
-# $c complex, $y a built-in type by name, $a numpy array [dtype, shape, base64], $r remote handle.
+# $c complex, $y a built-in type by name, $a numpy array [dtype, shape, base64], $r remote handle,
+# $x an ndonnx array (its numpy value, as $a), $xd an ndonnx dtype by its name in the ndonnx namespace.
 
 # Built-in types travel by name ({"$y": "int"}): tests pass them as arguments.
 _BUILTIN_TYPES = {t.__name__: t for t in (int, float, str, bool, bytes, bytearray, complex, list, tuple,
@@ -130,6 +150,18 @@ def encode(x, ref, depth=0):
         return {"$c": [x.real, x.imag]}
     if t is type and _BUILTIN_TYPES.get(x.__name__) is x:
         return {"$y": x.__name__}
+    if _np is not None and t.__module__.split(".")[0] == "ndonnx":
+        ndx = _ndonnx()
+        if ndx is not None and isinstance(x, ndx.Array):
+            try:
+                value = x.unwrap_numpy()
+            except BaseException:
+                raise Unsendable("an ndonnx array without a value")
+            return {"$x": encode(_np.asarray(value), ref, d)}
+        if ndx is not None and isinstance(x, ndx.DType):
+            for name in dir(ndx):
+                if not name.startswith("_") and getattr(ndx, name) is x:
+                    return {"$xd": name}
     if _np is not None:
         if t is _np.ndarray and x.dtype.kind not in "OV":
             return {"$a": [x.dtype.str, list(x.shape), base64.b64encode(_np.ascontiguousarray(x).tobytes()).decode()]}
@@ -188,6 +220,16 @@ def decode(v, deref, depth=0):
         if dt.kind in "OV" or type(p[1]) is not list or not all(type(s) is int and s >= 0 for s in p[1]):
             raise BadMessage("array of unsupported dtype or shape")
         return _np.frombuffer(base64.b64decode(p[2], validate=True), dtype=dt).reshape(p[1]).copy()
+    if tag == "$x":
+        ndx = _ndonnx()
+        if ndx is None or type(p) is not dict or list(p) != ["$a"]:
+            raise BadMessage("malformed ndonnx array")
+        return ndx.asarray(decode(p, deref, d))
+    if tag == "$xd":
+        ndx = _ndonnx()
+        if ndx is None or type(p) is not str or p.startswith("_") or not isinstance(getattr(ndx, p, None), ndx.DType):
+            raise BadMessage("unknown ndonnx dtype")
+        return getattr(ndx, p)
     if type(p) is not list:
         raise BadMessage("malformed container")
     if tag == "$t":
