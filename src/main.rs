@@ -72,6 +72,22 @@ enum Cmd {
     /// (metrics.jsonl, eval/step-N.json) or a directory of `falcon eval --out`
     /// results; see docs/report.md.
     Report(ReportArgs),
+    /// Train every variant of a grid (a base config plus named overrides)
+    /// with the same seeds, one after the other; a finished variant is not
+    /// rerun, an interrupted one resumes. Then summary.md, summary.csv and
+    /// plots; see docs/train.md ("Ablations").
+    Ablate(AblateArgs),
+}
+
+#[derive(Args)]
+struct AblateArgs {
+    /// The grid (TOML): `base`, `name`, optional `set`, and `[[variant]]`
+    /// tables with `name` and `set` (dotted config keys).
+    #[arg(long)]
+    grid: PathBuf,
+    /// Resolve and validate every variant and say what would run; train nothing.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 #[derive(Args)]
@@ -833,6 +849,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Sft(a) => cmd_train(a, falcon_rl::train::rl::Mode::Sft),
         Cmd::Eval(a) => cmd_eval(a),
         Cmd::Report(a) => cmd_report(a),
+        Cmd::Ablate(a) => cmd_ablate(a),
     }
 }
 
@@ -1178,16 +1195,25 @@ fn load_eval_tasks(cfg: &RunConfig, config: &Path) -> Result<TaskSet> {
 }
 
 fn cmd_train(args: TrainArgs, mode: falcon_rl::train::rl::Mode) -> Result<()> {
+    let cfg = RunConfig::load(&args.config).map_err(|e| UsageError(e.to_string()))?;
+    train_config(&cfg, &args.config, mode, args.resume)
+}
+
+/// Train (or resume, with `resume`) the run `cfg` describes in
+/// `<output_dir>/<name>`, with its held-out evaluations, as `falcon train`
+/// and each variant of `falcon ablate` do. `source` names the file the
+/// config came from in messages.
+fn train_config(
+    cfg: &RunConfig,
+    source: &Path,
+    mode: falcon_rl::train::rl::Mode,
+    resume: bool,
+) -> Result<()> {
     use falcon_rl::exec::Sandbox;
     use falcon_rl::train::rl::Trainer;
 
-    let cfg = RunConfig::load(&args.config).map_err(|e| UsageError(e.to_string()))?;
     let Some(task_path) = &cfg.tasks.path else {
-        return Err(UsageError(format!(
-            "{}: [tasks] path is not set",
-            args.config.display()
-        ))
-        .into());
+        return Err(UsageError(format!("{}: [tasks] path is not set", source.display())).into());
     };
     let tasks = load_tagged_tasks(
         task_path,
@@ -1198,12 +1224,12 @@ fn cmd_train(args: TrainArgs, mode: falcon_rl::train::rl::Mode) -> Result<()> {
         "[tasks]",
     )?;
     let eval_tasks = if cfg.train.eval_before || cfg.train.eval_after {
-        Some(load_eval_tasks(&cfg, &args.config)?)
+        Some(load_eval_tasks(cfg, source)?)
     } else {
         None
     };
-    let mut policy = load_config_policy(&cfg)?;
-    falcon_rl::train::rl::prepare_policy(&cfg, &mut policy)?;
+    let mut policy = load_config_policy(cfg)?;
+    falcon_rl::train::rl::prepare_policy(cfg, &mut policy)?;
     let sandbox = Sandbox::new(&cfg.exec)?;
     let run_dir = cfg.run.output_dir.join(&cfg.run.name);
     let mut progress = TrainProgress {
@@ -1218,7 +1244,7 @@ fn cmd_train(args: TrainArgs, mode: falcon_rl::train::rl::Mode) -> Result<()> {
         &mut policy,
         &tasks,
         &sandbox,
-        args.resume,
+        resume,
         &mut progress,
     )?;
     if let Some(e) = &eval_tasks {
@@ -1520,12 +1546,9 @@ fn progress_bar(len: u64, unit: &str) -> Option<indicatif::ProgressBar> {
 }
 
 fn cmd_report(args: ReportArgs) -> Result<()> {
-    use falcon_rl::eval::report::{load_run, write_report, ReportError};
-    let data = load_run(&args.run_dir).map_err(|e| match e {
-        // What the user pointed at is wrong; a failed read is ours to report.
-        ReportError::Io { .. } => anyhow::Error::from(e),
-        e => UsageError(e.to_string()).into(),
-    })?;
+    use falcon_rl::eval::report::{load_run, write_report};
+    // Whatever is wrong with what the user pointed at is theirs to fix.
+    let data = load_run(&args.run_dir).map_err(|e| UsageError(e.to_string()))?;
     for n in &data.notes {
         eprintln!("falcon: {n}");
     }
@@ -1542,5 +1565,101 @@ fn cmd_report(args: ReportArgs) -> Result<()> {
         out.display()
     );
     println!("{}", w.index.display());
+    Ok(())
+}
+
+fn cmd_ablate(args: AblateArgs) -> Result<()> {
+    use falcon_rl::train::ablate::{
+        finish_variant, prepare_variant, write_summary, AblateError, Grid, VariantState,
+    };
+    let usage = |e: AblateError| -> anyhow::Error {
+        match e {
+            // A failed write is ours; a grid, base or run directory that
+            // cannot be read or used is the user's to fix.
+            AblateError::Write(_) => e.into(),
+            e => UsageError(e.to_string()).into(),
+        }
+    };
+    let grid = Grid::load(&args.grid).map_err(usage)?;
+    let out = grid.output_dir().map_err(usage)?;
+    // Every variant's config first: a typo in the last one should not
+    // surface after hours of training the others.
+    let cfgs = grid
+        .variants
+        .iter()
+        .map(|v| grid.resolve(v))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(usage)?;
+    let n = cfgs.len();
+    if args.dry_run {
+        for (v, cfg) in grid.variants.iter().zip(&cfgs) {
+            let dir = cfg.run.run_dir();
+            let state = if dir.join(falcon_rl::train::ablate::DONE_FILE).is_file() {
+                "finished"
+            } else if dir.exists() {
+                "started"
+            } else {
+                "new"
+            };
+            let set: Vec<String> = grid
+                .set
+                .iter()
+                .chain(&v.set)
+                .map(|(k, v)| format!("{k} = {v}"))
+                .collect();
+            println!(
+                "{}\t{state}\t{}\t{}",
+                v.name,
+                dir.display(),
+                if set.is_empty() {
+                    "(base)".into()
+                } else {
+                    set.join(", ")
+                }
+            );
+        }
+        eprintln!(
+            "falcon: {n} variants of {} resolve and validate",
+            grid.base.display()
+        );
+        return Ok(());
+    }
+    let mut rows = Vec::with_capacity(n);
+    for (i, cfg) in cfgs.iter().enumerate() {
+        let name = &cfg.run.name;
+        let state = prepare_variant(cfg).map_err(usage)?;
+        let resume = match state {
+            VariantState::Finished(row) => {
+                eprintln!(
+                    "falcon: variant {}/{n} {name}: finished before, not rerun",
+                    i + 1
+                );
+                rows.push(row);
+                continue;
+            }
+            VariantState::Started => true,
+            VariantState::New => false,
+        };
+        eprintln!(
+            "falcon: variant {}/{n} {name}{} in {}",
+            i + 1,
+            if resume { ", resuming" } else { "" },
+            cfg.run.run_dir().display()
+        );
+        train_config(cfg, &args.grid, falcon_rl::train::rl::Mode::Rl, resume)
+            .with_context(|| format!("variant `{name}`"))?;
+        rows.push(finish_variant(cfg).map_err(usage)?);
+    }
+    let files = write_summary(&grid, &out, &rows).map_err(usage)?;
+    print!(
+        "{}",
+        falcon_rl::train::ablate::summary_markdown(&grid, &rows)
+    );
+    eprintln!(
+        "falcon: {n} variants; summary {} ({} files in {})",
+        out.join("summary.md").display(),
+        files.len(),
+        out.display()
+    );
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! there is exactly one; ripgrep's tests/tests.rs shape). Each module guards
 //! one area; tests are named after what they guard.
 
+mod ablate;
 mod bundled_tasks;
 mod cli;
 mod common;

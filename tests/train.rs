@@ -45,7 +45,7 @@ const TASKS: &str = r#"{"id": "add", "prompt": "Write a function add(a, b) that 
 {"id": "first", "prompt": "Write a function first(xs) that returns the first element of a list.", "entry_point": "first", "tests": ["assert first([3, 4]) == 3"], "canonical_solution": "def first(xs):\n    return xs[0]\n", "tags": ["heldout"]}
 "#;
 
-fn config(dir: &Path, steps: u64, uid_base: u32) -> RunConfig {
+pub fn config(dir: &Path, steps: u64, uid_base: u32) -> RunConfig {
     let text = format!(
         r#"
 [run]
@@ -91,7 +91,7 @@ advantage = "none"
     cfg
 }
 
-fn setup(dir: &Path) {
+pub fn setup(dir: &Path) {
     tiny_chat_model(&dir.join("model"));
     std::fs::write(dir.join("tasks.jsonl"), TASKS).unwrap();
 }

@@ -12,9 +12,12 @@
 //!   prompts; second-order, first-order and Reptile meta-updates.
 //! - [`checkpoint`]: atomic `step-N/` directories, verification, retention.
 //! - [`metrics`]: `metrics.jsonl` and TensorBoard event files.
+//! - [`ablate`]: `falcon ablate` grids (variants of a base config), the
+//!   finished-variant marker and the summary table and plots.
 //!
 //! Not yet here: bf16 autocast.
 
+pub mod ablate;
 pub mod advantage;
 pub mod checkpoint;
 pub mod losses;
