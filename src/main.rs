@@ -1449,6 +1449,16 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
         result.seconds,
         kinds.join(", ")
     );
+    if let Some(where_) = &result.cuda {
+        eprintln!(
+            "falcon: numba-cuda kernels ran on the {where_}{}",
+            if where_ == "simulator" {
+                ": these are simulator scores, not GPU scores"
+            } else {
+                ""
+            }
+        );
+    }
     if !result.strategy_stats.is_empty() {
         let stats: Vec<String> = result
             .strategy_stats

@@ -639,3 +639,53 @@ fn single_program_tests_are_never_shown_the_prompt_example_guides_instead() {
     assert_eq!(g[1].tests, ["assert callable(inc)"]);
     assert_eq!(g[2].tests, ["assert inc(1) == 2"]);
 }
+
+#[test]
+fn numba_cuda_scores_say_they_come_from_the_simulator() {
+    use falcon_rl::config::{CudaMode, TaskFormat};
+    use falcon_rl::rollout::solve::Prompted;
+    use falcon_rl::task::{LoadOptions, TaskSet};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let set = TaskSet::load(
+        &root.join("data/numba_cuda_tasks.jsonl"),
+        TaskFormat::Jsonl,
+        LoadOptions::default(),
+    )
+    .unwrap();
+    let t = &set.tasks[0];
+    let sb = Sandbox::new(&ExecConfig {
+        cuda: CudaMode::Sim,
+        python: root.join(".venv/bin/python").display().to_string(),
+        uid_base: 62570,
+        timeout_s: 30.0,
+        ..ExecConfig::default()
+    })
+    .unwrap();
+    let answer = py(t.canonical_solution.as_deref().unwrap());
+    let g = Scripted::new(move |_: &str| answer.clone());
+    let gen = GenerationConfig::default();
+    let eval = EvalConfig::default();
+    let env = env(&g, &g, &sb, &gen, &eval);
+    let r = evaluate_strategy(
+        &mut Prompted::zero_shot(),
+        &env,
+        &[t],
+        &eval,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(r.cuda.as_deref(), Some("simulator"));
+    assert_eq!(r.tasks[0].passed, 1);
+    let plain = memocoder_tasks();
+    let g = Scripted::new(memocoder_answer);
+    let env = crate::strategies::env(&g, &g, &sb, &gen, &eval);
+    let r = evaluate_strategy(
+        &mut Prompted::zero_shot(),
+        &env,
+        &[&plain[0]],
+        &eval,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(r.cuda, None);
+}

@@ -163,6 +163,10 @@ pub struct EvalResult {
     /// What the strategy's memory did (fixes learned, guidelines added, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub strategy_stats: BTreeMap<String, f64>,
+    /// Where numba-cuda tasks ran their kernels (`simulator` or `device`),
+    /// when the set has any: CPU scores are simulator scores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda: Option<String>,
 }
 
 fn zero_shot_label() -> String {
@@ -243,8 +247,8 @@ pub fn seed_of(cfg: &crate::config::RunConfig) -> u64 {
 
 impl<'s> EvalSpec<'s> {
     /// The environment strategies run in: answers sampled with `[eval]`'s
-    /// temperature and top-p, reflections greedy, both with `[generation]`'s
-    /// token limit and stop strings.
+    /// temperature and top-p and `[generation]`'s token limit and stop
+    /// strings; reflections greedy.
     pub fn env<'a>(
         &self,
         generator: &'a dyn Generator,
@@ -258,9 +262,13 @@ impl<'s> EvalSpec<'s> {
         gen.temperature = self.eval.temperature;
         gen.top_p = self.eval.top_p;
         let params = generation_params(&gen, self.seed);
+        // Reflections are a line or a short list: greedy, at most 128
+        // tokens, ending at the first blank line (small models ramble on).
         let mut reflect = self.generation.clone();
         reflect.temperature = 0.0;
         reflect.top_p = 1.0;
+        reflect.max_new_tokens = reflect.max_new_tokens.min(128);
+        reflect.stop = vec!["\n\n".into()];
         let reflect_params = generation_params(&reflect, self.seed);
         Env::new(
             generator,
@@ -386,6 +394,10 @@ pub fn evaluate_strategy(
         strategy: strategy.name(),
         transitions,
         strategy_stats: strategy.stats().into_iter().collect(),
+        cuda: tasks
+            .iter()
+            .any(|t| t.kind == crate::task::TaskKind::NumbaCuda)
+            .then(|| env.sandbox.cuda_label().to_owned()),
     })
 }
 
@@ -477,6 +489,7 @@ mod tests {
             strategy: zero_shot_label(),
             transitions: Transitions::default(),
             strategy_stats: BTreeMap::new(),
+            cuda: None,
         };
         let after = r(&[("a", true), ("b", true), ("c", false), ("d", true)]);
         // Different order and a task the other side lacks ("e").

