@@ -1626,6 +1626,11 @@ pub struct TrainConfig {
     pub keep_last: usize,
     /// The instruction put before each task in the user message.
     pub instruction: String,
+    /// The rollout: `zero-shot`, or a repairing strategy (`self-repair`,
+    /// `memocoder`, with `[strategy]`'s settings) whose final answers,
+    /// under the prompts that produced them, are what the policy learns
+    /// from. Single-level loop only.
+    pub strategy: StrategyKind,
     /// Optimizer steps on each generated batch (PPO-style reuse). Above 1
     /// the policy-gradient term uses the clipped ratio with `clip_eps`.
     pub ppo_epochs: usize,
@@ -1668,6 +1673,7 @@ impl Default for TrainConfig {
             checkpoint_every: 5,
             keep_last: 3,
             instruction: "Write a Python function for the task below. Answer with the complete code in one ```python block.".into(),
+            strategy: StrategyKind::ZeroShot,
             ppo_epochs: 1,
             clip_eps: 0.2,
             micro_batch: 0,
@@ -1837,6 +1843,16 @@ impl Section for EvalConfig {
 
 impl Section for TrainConfig {
     fn validate_into(&self, path: &str, problems: &mut Problems) {
+        if !matches!(
+            self.strategy,
+            StrategyKind::ZeroShot | StrategyKind::SelfRepair | StrategyKind::Memocoder
+        ) {
+            problems.push(
+                &format!("{path}.strategy"),
+                format!("{:?}", self.strategy),
+                "training rollouts are zero-shot, self-repair or memocoder (the others are for falcon eval)",
+            );
+        }
         for (key, value) in [
             ("steps", self.steps),
             ("tasks_per_step", self.tasks_per_step as u64),

@@ -737,3 +737,50 @@ fn a_time_budget_stops_with_a_checkpoint() {
         .join("runs/budget/step-1/manifest.json")
         .is_file());
 }
+
+/// `[train] strategy = "memocoder"`: the policy learns from the repair
+/// loop's final answers under the prompts that produced them; samples carry
+/// their attempt chains; what the strategy learned is checkpointed, and
+/// 1 step + resume + 1 equals 2 straight.
+#[test]
+fn repairing_rollouts_train_and_resume_exactly() {
+    use falcon_rl::config::StrategyKind;
+    let dir = tmpdir();
+    setup(dir.path());
+    let tweak = |c: &mut RunConfig| {
+        c.exec.uid_base = 62580;
+        c.train.strategy = StrategyKind::Memocoder;
+        c.train.checkpoint_every = 1;
+        c.strategy.max_attempts = 2;
+        c.strategy.plans = 2;
+    };
+    let (full, _) = run_with(dir.path(), 2, false, "mc-full", Mode::Rl, tweak);
+    let (first, _) = run_with(dir.path(), 1, false, "mc-split", Mode::Rl, tweak);
+    let (rest, _) = run_with(dir.path(), 2, true, "mc-split", Mode::Rl, tweak);
+    assert_eq!((first.len(), rest.len()), (1, 1));
+    for (a, b) in full.iter().zip(first.iter().chain(&rest)) {
+        assert_eq!(a.loss, b.loss, "step {}", a.step);
+        assert_eq!(a.reward, b.reward, "step {}", a.step);
+        assert!(a.loss["total"].is_finite());
+    }
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("runs/mc-split/step-1/rollout_state.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    // 2 tasks x 3 samples per step, each with one or two attempts.
+    let attempts = state["stats"]["attempts"].as_u64().unwrap();
+    assert!((6..=12).contains(&attempts), "{state}");
+    let samples = std::fs::read_to_string(dir.path().join("runs/mc-full/samples.jsonl")).unwrap();
+    let chains: Vec<usize> = samples
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["attempts"].as_array().unwrap().len()
+        })
+        .collect();
+    assert_eq!(chains.len(), 2 * 6);
+    assert!(chains.iter().all(|&n| (1..=2).contains(&n)), "{chains:?}");
+    // A random model fails its guiding test: most samples were repaired once.
+    assert!(chains.iter().filter(|&&n| n == 2).count() > 6, "{chains:?}");
+}

@@ -339,7 +339,12 @@ pub fn evaluate_strategy(
         .collect();
     let jobs: Vec<(&Task, &str)> = pending
         .iter()
-        .map(|&(i, j)| (tasks[i], code_in_completion(&solutions[i][j].completion).1))
+        .map(|&(i, j)| {
+            (
+                tasks[i],
+                code_in_completion(&solutions[i][j].completion.text).1,
+            )
+        })
         .collect();
     let mut fresh = sandbox_reports(env, &jobs).into_iter();
     let mut results = Vec::with_capacity(tasks.len());
@@ -364,7 +369,7 @@ pub fn evaluate_strategy(
             tr.passed += passed as usize;
             tr.executed += executed as usize;
             tr.samples.push(SampleResult {
-                completion: s.completion,
+                completion: s.completion.text,
                 outcome,
                 passed,
                 executed,

@@ -180,6 +180,11 @@ impl FixKnowledge {
         self.entries.is_empty()
     }
 
+    /// Every fix with its id, oldest first.
+    pub fn entries(&self) -> impl Iterator<Item = (u64, &FixEntry)> {
+        self.entries.iter().map(|(id, e, _)| (*id, e))
+    }
+
     pub fn get(&self, id: u64) -> Option<&FixEntry> {
         self.entries
             .binary_search_by_key(&id, |(i, _, _)| *i)

@@ -295,7 +295,7 @@ impl Strategy for DocStrategy<'_> {
                     .into_iter()
                     .zip(reports)
                     .map(|(c, r)| Solution {
-                        completion: c.text,
+                        completion: c,
                         attempts: Vec::new(),
                         report: Some(r),
                     })

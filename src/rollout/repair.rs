@@ -19,6 +19,7 @@ use std::fmt::Write as _;
 use crate::config::StrategyConfig;
 use crate::exec::{ExecReport, RewardClass};
 use crate::memory::fixes::{FixEntry, FixKnowledge, FixesConfig, Mentor};
+use crate::model::{Completion, FinishReason};
 use crate::task::Task;
 
 use super::solve::{code_of, error_message, guiding_tests, Env, RolloutError, Solution, Strategy};
@@ -71,7 +72,7 @@ impl RepairConfig {
 }
 
 /// Counters of what the loop did, reported in results.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RepairStats {
     pub attempts: u64,
     pub repairs_tried: u64,
@@ -81,6 +82,15 @@ pub struct RepairStats {
     pub plan_parse_failures: u64,
     pub mentor_rewrites: u64,
     pub mentor_rewrite_failures: u64,
+}
+
+/// What a [`Repair`] has learned, as a trainer checkpoints it: the fixes
+/// (with their ids), the mentor and the counters.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RepairState {
+    pub fixes: Vec<(u64, FixEntry)>,
+    pub mentor: Mentor,
+    pub stats: RepairStats,
 }
 
 /// Self-repair or MemoCoder, with the knowledge MemoCoder accumulates.
@@ -94,7 +104,7 @@ pub struct Repair {
 /// One sample slot while it is being solved.
 struct Slot {
     task: usize,
-    completion: String,
+    completion: Completion,
     attempts: Vec<String>,
     /// The first failing attempt of the current round: (code, report).
     first_failure: Option<(String, ExecReport)>,
@@ -111,6 +121,33 @@ impl Repair {
             mentor: Mentor::default(),
             stats: RepairStats::default(),
         }
+    }
+
+    /// Everything learned so far (see [`RepairState`]).
+    pub fn state(&self) -> RepairState {
+        RepairState {
+            fixes: self
+                .knowledge
+                .entries()
+                .map(|(id, e)| (id, e.clone()))
+                .collect(),
+            mentor: self.mentor.clone(),
+            stats: self.stats.clone(),
+        }
+    }
+
+    /// Continue from a saved [`RepairState`].
+    pub fn restore(&mut self, state: RepairState) -> Result<(), RolloutError> {
+        let records = state
+            .fixes
+            .into_iter()
+            .map(|(id, e)| (FixKnowledge::record_key(id), e))
+            .collect();
+        self.knowledge = FixKnowledge::from_records(records)
+            .map_err(|e| RolloutError::Invalid(format!("saved fixing knowledge: {e}")))?;
+        self.mentor = state.mentor;
+        self.stats = state.stats;
+        Ok(())
     }
 
     pub fn knowledge(&self) -> &FixKnowledge {
@@ -275,7 +312,7 @@ impl Repair {
         guides: &[Task],
         slots: &mut [Slot],
         which: &[usize],
-        comps: Vec<crate::model::Completion>,
+        comps: Vec<Completion>,
     ) {
         let codes: Vec<String> = comps.iter().map(|c| code_of(&c.text).to_owned()).collect();
         let jobs: Vec<(&Task, &str)> = which
@@ -287,7 +324,7 @@ impl Repair {
         self.stats.attempts += which.len() as u64;
         for (((&s, c), code), report) in which.iter().zip(comps).zip(codes).zip(reports) {
             let slot = &mut slots[s];
-            slot.completion = c.text;
+            slot.completion = c;
             slot.attempts.push(report.outcome_label());
             slot.solved = report.outcome == Some(RewardClass::Pass);
             if slot.solved {
@@ -378,7 +415,7 @@ impl Strategy for Repair {
             .flat_map(|t| std::iter::repeat_n(t, n))
             .map(|task| Slot {
                 task,
-                completion: String::new(),
+                completion: Completion::text_only("", FinishReason::Length),
                 attempts: Vec::new(),
                 first_failure: None,
                 last: None,

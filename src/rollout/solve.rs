@@ -114,8 +114,9 @@ impl<'a> Env<'a> {
 /// One sample's answer.
 #[derive(Debug, Clone)]
 pub struct Solution {
-    /// The final completion's text.
-    pub completion: String,
+    /// The final completion (with its prompt and token ids when the
+    /// in-process policy wrote it, so a trainer can learn from it).
+    pub completion: Completion,
     /// Outcome labels (`pass`, an error kind, `no_signal`) of every attempt
     /// on the guiding test, in order; empty for single-shot strategies.
     pub attempts: Vec<String>,
@@ -125,7 +126,7 @@ pub struct Solution {
 }
 
 impl Solution {
-    pub fn single(completion: String) -> Self {
+    pub fn single(completion: Completion) -> Self {
         Solution {
             completion,
             attempts: Vec::new(),
@@ -336,7 +337,7 @@ impl Strategy for Prompted {
         // One generate call per batch, so progress moves while it runs.
         for chunk in jobs.chunks(env.batch_size) {
             for c in env.generate(chunk)? {
-                row.push(Solution::single(c.text));
+                row.push(Solution::single(c));
                 if row.len() == n {
                     out.push(std::mem::take(&mut row));
                 }

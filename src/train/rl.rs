@@ -25,19 +25,20 @@ use super::optim::{
     clip_grad_norm, zero_grad, AdamW, AdamWConfig, LrSchedule, OptimError, Optimizer, Sgd,
     SgdConfig,
 };
-use crate::config::{MetaAlgorithm, OptimizerKind, RunConfig};
+use crate::config::{MetaAlgorithm, OptimizerKind, RunConfig, StrategyKind};
 use crate::eval::{evaluate, EvalResult, EvalSpec};
 use crate::exec::{ExecReport, RewardClass, Sandbox};
 use crate::fsutil::WriteError;
 use crate::memory::stats::ErrorStats;
 use crate::memory::ShortTerm;
-use crate::model::{weights, ChatMessage, Generator, ModelError, Policy};
+use crate::model::{weights, ChatMessage, Completion, Generator, ModelError, Policy};
 use crate::reward::{
     code_in_completion, composite, error_line_spans, judge_from_config,
     offsets_by_incremental_decode, r_coarse, Aspect, Judge, RewardBreakdown, SampleSignals,
     TokenSpan,
 };
-use crate::rollout::{generation_params, task_prompt};
+use crate::rollout::repair::{Repair, RepairConfig};
+use crate::rollout::{generation_params, task_prompt, Env, Strategy};
 use crate::task::{Task, TaskSet};
 
 #[derive(Debug, thiserror::Error)]
@@ -236,6 +237,8 @@ pub fn policy_from_checkpoint(dir: &Path) -> Result<(RunConfig, Policy), TrainEr
 pub const WEIGHTS_FILE: &str = "trainable.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const STATE_FILE: &str = "trainer_state.json";
+/// What a repairing rollout learned (`[train] strategy`), as JSON.
+pub const ROLLOUT_STATE_FILE: &str = "rollout_state.json";
 pub const CONFIG_FILE: &str = "config.toml";
 
 /// A run: where it writes, what it trains, and how far it got.
@@ -254,6 +257,8 @@ pub struct Trainer<'a> {
     eval_tasks: Option<&'a TaskSet>,
     /// Meta-RL runs only.
     pub(super) memory: Option<MetaMemory>,
+    /// A repairing rollout strategy (`[train] strategy`) and what it learned.
+    repair: Option<Repair>,
 }
 
 impl<'a> Trainer<'a> {
@@ -343,6 +348,7 @@ impl<'a> Trainer<'a> {
             mode,
             eval_tasks: None,
             memory: None,
+            repair: None,
         };
         for gone in checkpoint::remove_leftovers(run_dir) {
             observer.on_message(&format!(
@@ -375,6 +381,34 @@ impl<'a> Trainer<'a> {
                 load_trainable(me.policy, &init.join(WEIGHTS_FILE))?;
                 observer.on_message(&format!("initial weights from {}", init.display()));
             }
+        }
+        let s = &me.cfg.strategy;
+        me.repair = match me.cfg.train.strategy {
+            StrategyKind::SelfRepair => Some(Repair::new(RepairConfig::self_repair(s))),
+            StrategyKind::Memocoder => Some(Repair::new(RepairConfig::memocoder(
+                s,
+                &me.cfg.memory.fixes,
+            ))),
+            _ => None,
+        };
+        if me.repair.is_some() && me.cfg.meta.algorithm != MetaAlgorithm::Off {
+            return Err(TrainError::Invalid(
+                "[train] strategy: repairing rollouts run in the single-level loop; set [meta] algorithm = \"off\" or strategy = \"zero-shot\"".into(),
+            ));
+        }
+        if let (Some(r), Some(dir)) = (me.repair.as_mut(), &resumed_from) {
+            let path = dir.join(ROLLOUT_STATE_FILE);
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                TrainError::Invalid(format!(
+                    "{}: {e} (a run with [train] strategy = {:?} saves its rollout state there)",
+                    path.display(),
+                    me.cfg.train.strategy
+                ))
+            })?;
+            let state = serde_json::from_str(&text)
+                .map_err(|e| TrainError::Invalid(format!("{}: {e}", path.display())))?;
+            r.restore(state)
+                .map_err(|e| TrainError::Invalid(format!("{}: {e}", path.display())))?;
         }
         if me.cfg.meta.algorithm != MetaAlgorithm::Off {
             let mut mem = MetaMemory::open(&me.cfg, &me.run_dir, me.step)?;
@@ -460,6 +494,11 @@ impl<'a> Trainer<'a> {
                     .as_bytes(),
             )?;
             crate::fsutil::write_atomic(&d.join(CONFIG_FILE), cfg_text.as_bytes())?;
+            if let Some(r) = &self.repair {
+                let text = serde_json::to_string(&r.state())
+                    .map_err(|e| TrainError::Invalid(format!("rollout state: {e}")))?;
+                crate::fsutil::write_atomic(&d.join(ROLLOUT_STATE_FILE), text.as_bytes())?;
+            }
             if let Some(m) = &self.memory {
                 m.short_term
                     .save(&d.join(SHORT_TERM_FILE))
@@ -667,7 +706,17 @@ impl<'a> Trainer<'a> {
             .map(|task| task_prompt(&t.instruction, task))
             .collect();
         let mut seconds = BTreeMap::new();
-        let ro = self.rollout(&tasks, &prompts, t.group_size, seed, &mut seconds)?;
+        let ro = match self.repair.take() {
+            None => self.rollout(&tasks, &prompts, t.group_size, seed, &mut seconds)?,
+            Some(mut r) => {
+                let solved = self.repair_rollout(&mut r, &tasks, t.group_size, seed, &mut seconds);
+                self.repair = Some(r);
+                let (comps, attempts) = solved?;
+                let mut ro = self.score(&tasks, comps, t.group_size, &mut seconds)?;
+                ro.attempts = attempts;
+                ro
+            }
+        };
 
         let t0 = Instant::now();
         let lr = self.schedule.lr_at(self.step);
@@ -714,6 +763,64 @@ impl<'a> Trainer<'a> {
         let t0 = Instant::now();
         let comps = self.policy.generate(&expanded, &params)?;
         add("generate", t0);
+        self.score(tasks, comps, g, seconds)
+    }
+
+    /// `g` answers per task from the repairing strategy `r` (its generation
+    /// and guiding-test runs count as `generate`), with each answer's
+    /// attempt chain. The whole step is one chunk: what `r` learns here is
+    /// retrieved from the next step on.
+    fn repair_rollout(
+        &self,
+        r: &mut Repair,
+        tasks: &[&Task],
+        g: usize,
+        seed: u64,
+        seconds: &mut BTreeMap<String, f64>,
+    ) -> Result<(Vec<Completion>, Vec<Vec<String>>), TrainError> {
+        let t0 = Instant::now();
+        let params = generation_params(&self.cfg.generation, seed);
+        let mut reflect = self.cfg.generation.clone();
+        reflect.temperature = 0.0;
+        reflect.top_p = 1.0;
+        reflect.max_new_tokens = reflect.max_new_tokens.min(128);
+        reflect.stop = vec!["\n\n".into()];
+        let policy: &Policy = self.policy;
+        let env = Env::new(
+            policy,
+            policy,
+            self.sandbox,
+            &self.cfg.train.instruction,
+            params,
+            generation_params(&reflect, seed),
+            tasks.len() * g,
+            seed,
+        );
+        let solved = r
+            .solve(&env, tasks, g, &mut |_, _| {})
+            .map_err(|e| TrainError::Invalid(format!("rollout: {e}")))?;
+        let mut comps = Vec::with_capacity(tasks.len() * g);
+        let mut attempts = Vec::with_capacity(tasks.len() * g);
+        for s in solved.into_iter().flatten() {
+            comps.push(s.completion);
+            attempts.push(s.attempts);
+        }
+        *seconds.entry("generate".to_owned()).or_insert(0.0) += t0.elapsed().as_secs_f64();
+        Ok((comps, attempts))
+    }
+
+    /// Run `comps` (`g` per task, in task order) in the sandbox and score
+    /// them: rewards, group advantages and fine-grained spans.
+    fn score(
+        &mut self,
+        tasks: &[&Task],
+        comps: Vec<Completion>,
+        g: usize,
+        seconds: &mut BTreeMap<String, f64>,
+    ) -> Result<Rollout, TrainError> {
+        let mut add = |k: &str, t0: Instant| {
+            *seconds.entry(k.to_owned()).or_insert(0.0) += t0.elapsed().as_secs_f64();
+        };
 
         let t0 = Instant::now();
         let located: Vec<(usize, &str)> =
@@ -789,6 +896,7 @@ impl<'a> Trainer<'a> {
             breakdowns,
             adv,
             spans,
+            attempts: Vec::new(),
         })
     }
 
@@ -808,6 +916,7 @@ impl<'a> Trainer<'a> {
                 "report": ro.reports[i],
                 "rewards": ro.breakdowns[i].as_ref().map(|b| b.to_log("")),
                 "advantage": ro.adv[i],
+                "attempts": ro.attempts.get(i),
             }))?;
         }
         Ok(())
@@ -877,6 +986,8 @@ pub(super) struct Rollout {
     pub breakdowns: Vec<Option<RewardBreakdown>>,
     pub adv: Vec<f64>,
     pub spans: Vec<Vec<TokenSpan>>,
+    /// Each sample's attempt chain on its guiding test (repairing rollouts).
+    pub attempts: Vec<Vec<String>>,
 }
 
 impl Rollout {
