@@ -117,8 +117,9 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated bench:strategy arms to run (default: all)")
     args = ap.parse_args()
 
-    arms = [(b, s) for b in ("mbpp", "humaneval") for s in ("zero-shot", "self-repair", "memocoder", "falcon")]
-    arms += [("ndonnx", "doc-rag"), ("ndonnx", "memcoder")]
+    code = ("zero-shot", "self-repair", "memocoder", "falcon")
+    arms = [("mbpp", s) for s in code] + [("ndonnx", "doc-rag"), ("ndonnx", "memcoder")]
+    arms += [("humaneval", s) for s in code]
     if args.only:
         wanted = set(args.only.split(","))
         arms = [a for a in arms if f"{a[0]}:{a[1]}" in wanted]

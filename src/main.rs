@@ -1470,7 +1470,20 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
     if let Some(out) = &args.out {
         falcon_rl::fsutil::write_atomic(out, serde_json::to_string_pretty(&result)?.as_bytes())
             .with_context(|| format!("writing {}", out.display()))?;
-        eprintln!("falcon: per-task results in {}", out.display());
+        // One line per task as well, for jq / pandas.
+        let lines = out.with_extension("tasks.jsonl");
+        let mut text = String::new();
+        for t in &result.tasks {
+            text.push_str(&serde_json::to_string(t)?);
+            text.push('\n');
+        }
+        falcon_rl::fsutil::write_atomic(&lines, text.as_bytes())
+            .with_context(|| format!("writing {}", lines.display()))?;
+        eprintln!(
+            "falcon: results in {} (one line per task: {})",
+            out.display(),
+            lines.display()
+        );
     }
     Ok(())
 }

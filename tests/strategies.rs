@@ -689,3 +689,55 @@ fn numba_cuda_scores_say_they_come_from_the_simulator() {
     .unwrap();
     assert_eq!(r.cuda, None);
 }
+
+/// `falcon eval --config` with `[strategy]`: the CLI wires each kind to its
+/// strategy, writes the result and one line per task, and refuses a
+/// documentation strategy without docs (exit 2, naming the key).
+#[test]
+fn falcon_eval_runs_a_strategy_from_the_config() {
+    let dir = crate::common::tmpdir();
+    crate::train::setup(dir.path());
+    let cfg_path = dir.path().join("eval.toml");
+    let write = |kind: falcon_rl::config::StrategyKind| {
+        let mut cfg = crate::train::config(dir.path(), 1, 62590);
+        cfg.strategy.kind = kind;
+        cfg.strategy.max_attempts = 2;
+        cfg.eval.n = 2;
+        cfg.eval.k = vec![1, 2];
+        cfg.eval.temperature = 0.8;
+        std::fs::write(&cfg_path, toml::to_string(&cfg).unwrap()).unwrap();
+    };
+    let falcon = |out: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_falcon"))
+            .args(["eval", "--config", cfg_path.to_str().unwrap(), "--out"])
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    write(falcon_rl::config::StrategyKind::SelfRepair);
+    let out = dir.path().join("r.json");
+    let o = falcon(&out);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("strategy self-repair on 3 tasks x 2 samples"),
+        "{err}"
+    );
+    let r = falcon_rl::eval::EvalResult::load(&out).unwrap();
+    assert_eq!(r.strategy, "self-repair");
+    assert_eq!(r.tasks.len(), 3);
+    assert!(r
+        .tasks
+        .iter()
+        .flat_map(|t| &t.samples)
+        .all(|s| (1..=2).contains(&s.attempts.len())));
+    assert!(r.strategy_stats["attempts"] >= 6.0);
+    let lines = std::fs::read_to_string(dir.path().join("r.tasks.jsonl")).unwrap();
+    assert_eq!(lines.lines().count(), 3);
+
+    write(falcon_rl::config::StrategyKind::Memcoder);
+    let o = falcon(&dir.path().join("m.json"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("[memory] api_docs"), "{err}");
+}
