@@ -115,6 +115,7 @@ def main():
     ap.add_argument("--falcon-memory", default=os.path.join(ROOT, "runs", "bench-learning", "bench-learning-c"),
                     help="a run directory with memory.sqlite (scripts/bench-learning's arm c writes one)")
     ap.add_argument("--only", default="", help="comma-separated bench:strategy arms to run (default: all)")
+    ap.add_argument("--table", action="store_true", help="print the table of the finished arms; run nothing")
     args = ap.parse_args()
 
     code = ("zero-shot", "self-repair", "memocoder", "falcon")
@@ -127,7 +128,7 @@ def main():
     os.makedirs(os.path.join(OUT, "configs"), exist_ok=True)
     os.makedirs(DATA, exist_ok=True)
     falcon_bin = os.environ.get("FALCON_BIN", os.path.join(ROOT, "target", "release", "falcon"))
-    for bench, strategy in arms:
+    for bench, strategy in [] if args.table else arms:
         name = f"{bench}-{strategy}"
         out = os.path.join(OUT, "results", name + ".json")
         if os.path.exists(out):
