@@ -20,7 +20,7 @@ use crate::exec::{RewardClass, Sandbox};
 use crate::model::{Generator, ModelError};
 use crate::reward::code_in_completion;
 use crate::rollout::solve::Prompted;
-use crate::rollout::{generation_params, Env, RolloutError, Strategy};
+use crate::rollout::{generation_params, reflection_params, Env, RolloutError, Strategy};
 use crate::task::Task;
 
 /// pass@k's unbiased estimator (Chen et al., 2021) for a task with `n`
@@ -262,14 +262,7 @@ impl<'s> EvalSpec<'s> {
         gen.temperature = self.eval.temperature;
         gen.top_p = self.eval.top_p;
         let params = generation_params(&gen, self.seed);
-        // Reflections are a line or a short list: greedy, at most 128
-        // tokens, ending at the first blank line (small models ramble on).
-        let mut reflect = self.generation.clone();
-        reflect.temperature = 0.0;
-        reflect.top_p = 1.0;
-        reflect.max_new_tokens = reflect.max_new_tokens.min(128);
-        reflect.stop = vec!["\n\n".into()];
-        let reflect_params = generation_params(&reflect, self.seed);
+        let reflect_params = reflection_params(self.generation, self.seed);
         Env::new(
             generator,
             reflector,
@@ -346,7 +339,7 @@ pub fn evaluate_strategy(
             )
         })
         .collect();
-    let mut fresh = sandbox_reports(env, &jobs).into_iter();
+    let mut fresh = env.sandbox.run_batch(&jobs).into_iter();
     let mut results = Vec::with_capacity(tasks.len());
     let mut outcomes = BTreeMap::new();
     for (task, sols) in tasks.iter().zip(solutions) {
@@ -404,10 +397,6 @@ pub fn evaluate_strategy(
             .any(|t| t.kind == crate::task::TaskKind::NumbaCuda)
             .then(|| env.sandbox.cuda_label().to_owned()),
     })
-}
-
-fn sandbox_reports(env: &Env, jobs: &[(&Task, &str)]) -> Vec<crate::exec::ExecReport> {
-    env.sandbox.run_batch(jobs)
 }
 
 #[cfg(test)]

@@ -56,6 +56,18 @@ pub fn falcon_prompt(task: &Task, hits: &[Retrieved]) -> String {
     p
 }
 
+/// The parameters of reflections (MEMCoder's guidelines, MemoCoder's
+/// mentor): greedy, at most 128 tokens, ending at the first blank line,
+/// since an answer is a line or a short list and small models ramble on.
+pub fn reflection_params(gen: &GenerationConfig, seed: u64) -> GenerationParams {
+    let mut g = gen.clone();
+    g.temperature = 0.0;
+    g.top_p = 1.0;
+    g.max_new_tokens = g.max_new_tokens.min(128);
+    g.stop = vec!["\n\n".into()];
+    generation_params(&g, seed)
+}
+
 /// Chat-format generation parameters from `[generation]`, with the sampler
 /// seeded by `seed` (so a step or an evaluation can be repeated exactly).
 pub fn generation_params(gen: &GenerationConfig, seed: u64) -> GenerationParams {
@@ -77,6 +89,24 @@ pub fn generation_params(gen: &GenerationConfig, seed: u64) -> GenerationParams 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reflections_are_greedy_short_and_stop_at_a_blank_line() {
+        let gen = GenerationConfig {
+            max_new_tokens: 512,
+            temperature: 0.8,
+            ..GenerationConfig::default()
+        };
+        let p = reflection_params(&gen, 3);
+        assert_eq!(p.sampler.temperature, 0.0);
+        assert_eq!((p.max_new_tokens, p.seed), (128, Some(3)));
+        assert_eq!(p.stop, ["\n\n"]);
+        let short = GenerationConfig {
+            max_new_tokens: 24,
+            ..GenerationConfig::default()
+        };
+        assert_eq!(reflection_params(&short, 0).max_new_tokens, 24);
+    }
 
     #[test]
     fn prompts_name_the_function_when_the_task_does_not() {

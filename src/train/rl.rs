@@ -38,7 +38,7 @@ use crate::reward::{
     TokenSpan,
 };
 use crate::rollout::repair::{Repair, RepairConfig};
-use crate::rollout::{generation_params, task_prompt, Env, Strategy};
+use crate::rollout::{generation_params, reflection_params, task_prompt, Env, Strategy};
 use crate::task::{Task, TaskSet};
 
 #[derive(Debug, thiserror::Error)]
@@ -780,11 +780,6 @@ impl<'a> Trainer<'a> {
     ) -> Result<(Vec<Completion>, Vec<Vec<String>>), TrainError> {
         let t0 = Instant::now();
         let params = generation_params(&self.cfg.generation, seed);
-        let mut reflect = self.cfg.generation.clone();
-        reflect.temperature = 0.0;
-        reflect.top_p = 1.0;
-        reflect.max_new_tokens = reflect.max_new_tokens.min(128);
-        reflect.stop = vec!["\n\n".into()];
         let policy: &Policy = self.policy;
         let env = Env::new(
             policy,
@@ -792,7 +787,7 @@ impl<'a> Trainer<'a> {
             self.sandbox,
             &self.cfg.train.instruction,
             params,
-            generation_params(&reflect, seed),
+            reflection_params(&self.cfg.generation, seed),
             tasks.len() * g,
             seed,
         );
