@@ -4,9 +4,11 @@
 //! McNemar's exact test for paired pass/fail results (two checkpoints or
 //! two strategies on the same tasks).
 //!
-//! `train` calls [`evaluate`] for its before/after held-out figures; the
-//! `falcon eval` command and the strategies of the evaluation issue build on
-//! the same functions.
+//! [`evaluate_strategy`] runs any `rollout::Strategy` and scores every final
+//! answer on all of its task's tests; results carry each sample's attempt
+//! chain, the error transition matrix across repair attempts and what the
+//! strategy's memory did. `train` calls [`evaluate`] (zero-shot) for its
+//! before/after held-out figures; plots and pages are in [`report`].
 
 pub mod report;
 
