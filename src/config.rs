@@ -151,6 +151,18 @@ impl RunConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let mut problems = Problems::default();
         self.validate_sections(&mut problems);
+        for (key, kind) in [
+            ("train.strategy", self.train.strategy),
+            ("strategy.kind", self.strategy.kind),
+        ] {
+            if kind.reads_docs() && self.memory.api_docs.is_none() {
+                problems.push(
+                    key,
+                    kind.name(),
+                    "documentation strategies need the library's API docs: set [memory] api_docs",
+                );
+            }
+        }
         if problems.0.is_empty() {
             Ok(())
         } else {
@@ -1230,6 +1242,21 @@ mod tests {
     }
 
     #[test]
+    fn training_strategies_need_their_inputs() {
+        assert_eq!(
+            problems_of("[train]\nstrategy = \"memcoder\"\n"),
+            ["train.strategy = \"memcoder\": documentation strategies need the library's API docs: set [memory] api_docs"]
+        );
+        assert!(problems_of(
+            "[memory]\napi_docs = \"d.jsonl\"\n[train]\nstrategy = \"memcoder-accum\"\n"
+        )
+        .is_empty());
+        let p = problems_of("[train]\nstrategy = \"falcon\"\n");
+        assert!(p.len() == 1 && p[0].contains("[meta]"), "{p:?}");
+        assert!(problems_of("[train]\nstrategy = \"self-repair\"\n").is_empty());
+    }
+
+    #[test]
     fn validate_reports_key_path_value_and_rule() {
         let problems = problems_of("[generation]\ntop_p = 1.5\n");
         assert_eq!(
@@ -1631,10 +1658,10 @@ pub struct TrainConfig {
     pub keep_last: usize,
     /// The instruction put before each task in the user message.
     pub instruction: String,
-    /// The rollout: `zero-shot`, or a repairing strategy (`self-repair`,
-    /// `memocoder`, with `[strategy]`'s settings) whose final answers,
-    /// under the prompts that produced them, are what the policy learns
-    /// from. Single-level loop only.
+    /// The rollout: `zero-shot`, or a strategy (`self-repair`, `memocoder`,
+    /// `doc-rag`, `memcoder`, `memcoder-accum`, with `[strategy]`'s
+    /// settings) whose final answers, under the prompts that produced them,
+    /// are what the policy learns from. Single-level loop only.
     pub strategy: StrategyKind,
     /// Optimizer steps on each generated batch (PPO-style reuse). Above 1
     /// the policy-gradient term uses the clipped ratio with `clip_eps`.
@@ -1848,14 +1875,11 @@ impl Section for EvalConfig {
 
 impl Section for TrainConfig {
     fn validate_into(&self, path: &str, problems: &mut Problems) {
-        if !matches!(
-            self.strategy,
-            StrategyKind::ZeroShot | StrategyKind::SelfRepair | StrategyKind::Memocoder
-        ) {
+        if self.strategy == StrategyKind::Falcon {
             problems.push(
                 &format!("{path}.strategy"),
-                format!("{:?}", self.strategy),
-                "training rollouts are zero-shot, self-repair or memocoder (the others are for falcon eval)",
+                self.strategy.name(),
+                "FALCON's prompt comes from [meta]'s long-term memory: use zero-shot with a [meta] algorithm",
             );
         }
         for (key, value) in [
@@ -1939,6 +1963,24 @@ pub enum StrategyKind {
     Memcoder,
     /// MEMCoder-Accum: raw trajectories kept first-in-first-out, no reflector.
     MemcoderAccum,
+}
+
+impl StrategyKind {
+    /// The name a config file uses (`"memcoder-accum"`).
+    pub fn name(self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default()
+    }
+
+    /// Doc-RAG, MEMCoder and MEMCoder-Accum: they need `[memory] api_docs`.
+    pub fn reads_docs(self) -> bool {
+        matches!(
+            self,
+            StrategyKind::DocRag | StrategyKind::Memcoder | StrategyKind::MemcoderAccum
+        )
+    }
 }
 
 /// `[strategy]`: which strategy and its knobs. Defaults follow the papers

@@ -1289,7 +1289,7 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
     use falcon_rl::exec::Sandbox;
     use falcon_rl::model::openai::OpenAiGenerator;
     use falcon_rl::model::Generator;
-    use falcon_rl::rollout::memcoder::{DocMode, DocSizes, DocStrategy};
+    use falcon_rl::rollout::memcoder::DocStrategy;
     use falcon_rl::rollout::repair::{Repair, RepairConfig};
     use falcon_rl::rollout::solve::Prompted;
     use falcon_rl::rollout::Strategy;
@@ -1344,7 +1344,6 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
         prompts: None,
     };
     let env = spec.env(generator, reflector, &sandbox);
-    let embedder;
     let mut strategy: Box<dyn Strategy> = match kind {
         StrategyKind::ZeroShot => Box::new(Prompted::zero_shot()),
         StrategyKind::Falcon => {
@@ -1384,36 +1383,7 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
             Box::new(r)
         }
         StrategyKind::DocRag | StrategyKind::Memcoder | StrategyKind::MemcoderAccum => {
-            let Some(path) = &cfg.memory.api_docs else {
-                return Err(UsageError(format!(
-                    "strategy {kind:?} needs the library documentation: [memory] api_docs"
-                ))
-                .into());
-            };
-            let docs = falcon_rl::memory::memcoder::load_api_docs(path)?;
-            let device = falcon_rl::train::rl::device_of(&cfg);
-            embedder = falcon_rl::memory::embedder_from_config(&cfg.memory, device)?;
-            let mode = match kind {
-                StrategyKind::DocRag => DocMode::Rag,
-                StrategyKind::Memcoder => DocMode::Memcoder {
-                    task_memory: sc.task_memory,
-                    api_memory: sc.api_memory,
-                },
-                _ => DocMode::Accum {
-                    capacity: sc.accum_capacity,
-                },
-            };
-            let sizes = DocSizes {
-                k_doc: cfg.memory.k_doc,
-                k_task: cfg.memory.k_task,
-            };
-            Box::new(DocStrategy::new(
-                mode,
-                sizes,
-                docs,
-                cfg.memory.memcoder.clone(),
-                embedder.as_ref(),
-            )?)
+            Box::new(DocStrategy::from_config(kind, &cfg)?)
         }
     };
     eprintln!(

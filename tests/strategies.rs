@@ -481,7 +481,7 @@ fn stream_reflection(p: &str) -> String {
     "GUIDELINE: sqrt returns a float\nACTION: DISCARD".into()
 }
 
-fn doc_strategy<'e>(mode: DocMode, embedder: &'e HashEmbedder) -> DocStrategy<'e> {
+fn doc_strategy(mode: DocMode) -> DocStrategy {
     DocStrategy::new(
         mode,
         DocSizes {
@@ -490,7 +490,7 @@ fn doc_strategy<'e>(mode: DocMode, embedder: &'e HashEmbedder) -> DocStrategy<'e
         },
         math_docs(),
         MemCoderParams::default(),
-        embedder,
+        Box::new(HashEmbedder::new(256).unwrap()),
     )
     .unwrap()
 }
@@ -503,14 +503,10 @@ fn memcoder_stream_retrieves_injects_and_evolves_at_each_step() {
     let gen = GenerationConfig::default();
     let eval = EvalConfig::default();
     let env = env(&g, &refl, &sb, &gen, &eval);
-    let embedder = HashEmbedder::new(256).unwrap();
-    let mut s = doc_strategy(
-        DocMode::Memcoder {
-            task_memory: true,
-            api_memory: true,
-        },
-        &embedder,
-    );
+    let mut s = doc_strategy(DocMode::Memcoder {
+        task_memory: true,
+        api_memory: true,
+    });
     let tasks = stream_tasks();
     let list: Vec<&Task> = tasks.iter().collect();
     let r = evaluate_strategy(&mut s, &env, &list, &eval, &mut |_, _| {}).unwrap();
@@ -557,19 +553,79 @@ fn memcoder_stream_retrieves_injects_and_evolves_at_each_step() {
     assert_eq!(refl.seen().len(), 3 + 3);
 }
 
+/// A trainer checkpoints MEMCoder (and Accum) between steps: a strategy
+/// restored from the state after two tasks solves the third exactly as the
+/// one that never stopped (same similar task, same injected guidelines,
+/// same prompt, same evolution).
+#[test]
+fn memcoder_and_accum_state_round_trips() {
+    let sb = sandbox(62550);
+    let gen = GenerationConfig::default();
+    let eval = EvalConfig::default();
+    let tasks = stream_tasks();
+    let list: Vec<&Task> = tasks.iter().collect();
+    for mode in [
+        DocMode::Memcoder {
+            task_memory: true,
+            api_memory: true,
+        },
+        DocMode::Accum { capacity: 1 },
+    ] {
+        let g = Scripted::new(stream_answer);
+        let refl = Scripted::new(stream_reflection);
+        let env = env(&g, &refl, &sb, &gen, &eval);
+        let mut straight = doc_strategy(mode);
+        straight.solve(&env, &list[..2], 1, &mut |_, _| {}).unwrap();
+        let state = straight
+            .save_state()
+            .unwrap()
+            .expect("MEMCoder keeps state");
+        // Through text, as the checkpoint file holds it.
+        let state: serde_json::Value =
+            serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+        let mut restored = doc_strategy(mode);
+        restored.load_state(state).unwrap();
+        straight.solve(&env, &list[2..], 1, &mut |_, _| {}).unwrap();
+        restored.solve(&env, &list[2..], 1, &mut |_, _| {}).unwrap();
+        let (a, b) = (&straight.log[2], &restored.log[0]);
+        assert!(
+            !a.similar.is_empty(),
+            "{mode:?}: the third task sees a past one"
+        );
+        assert_eq!(a, b, "{mode:?}");
+        assert_eq!(
+            straight.save_state().unwrap(),
+            restored.save_state().unwrap(),
+            "{mode:?}"
+        );
+    }
+    // Doc-RAG learns nothing, and a state from other docs is refused.
+    assert_eq!(doc_strategy(DocMode::Rag).save_state().unwrap(), None);
+    let mut other = doc_strategy(DocMode::Memcoder {
+        task_memory: true,
+        api_memory: true,
+    });
+    let mut state = other.save_state().unwrap().unwrap();
+    state["memory"]["apis"] = serde_json::json!({});
+    let err = other.load_state(state).unwrap_err().to_string();
+    assert!(
+        err.contains("other API docs") || err.contains("MEMCoder state"),
+        "{err}"
+    );
+}
+
 #[test]
 fn doc_rag_accum_and_memcoder_ablations_show_only_their_memory() {
     let sb = sandbox(62540);
     let gen = GenerationConfig::default();
     let eval = EvalConfig::default();
-    let embedder = HashEmbedder::new(256).unwrap();
     let tasks = stream_tasks();
     let list: Vec<&Task> = tasks.iter().collect();
     let run = |mode: DocMode| {
         let g = Scripted::new(stream_answer);
         let refl = Scripted::new(stream_reflection);
         let env = env(&g, &refl, &sb, &gen, &eval);
-        let mut s = doc_strategy(mode, &embedder);
+        let mut s = doc_strategy(mode);
         s.solve(&env, &list, 1, &mut |_, _| {}).unwrap();
         (g.seen(), refl.seen(), s.name())
     };

@@ -784,3 +784,70 @@ fn repairing_rollouts_train_and_resume_exactly() {
     // A random model fails its guiding test: most samples were repaired once.
     assert!(chains.iter().filter(|&&n| n == 2).count() > 6, "{chains:?}");
 }
+
+/// `[train] strategy = "memcoder"`: each step streams its tasks through
+/// MEMCoder (docs and guidelines in the prompt, the policy as reflector);
+/// the evolved memory is checkpointed, and 1 step + resume + 1 equals 2
+/// straight. MEMCoder-Accum resumes the same way.
+#[test]
+fn memcoder_rollouts_train_and_resume_exactly() {
+    use falcon_rl::config::StrategyKind;
+    let dir = tmpdir();
+    setup(dir.path());
+    let docs = dir.path().join("docs.jsonl");
+    std::fs::write(
+        &docs,
+        concat!(
+            r#"{"name": "operator.add", "signature": "add(a, b)", "description": "Same as a + b."}"#,
+            "\n",
+            r#"{"name": "operator.mul", "signature": "mul(a, b)", "description": "Same as a * b."}"#,
+            "\n",
+            r#"{"name": "operator.getitem", "signature": "getitem(a, b)", "description": "Same as a[b]."}"#,
+            "\n",
+        ),
+    )
+    .unwrap();
+    for (kind, name) in [
+        (StrategyKind::Memcoder, "mem"),
+        (StrategyKind::MemcoderAccum, "acc"),
+    ] {
+        let tweak = |c: &mut RunConfig| {
+            c.exec.uid_base = 62590;
+            c.train.strategy = kind;
+            c.train.checkpoint_every = 1;
+            c.memory.api_docs = Some(docs.clone());
+            c.memory.k_doc = 2;
+            c.generation.max_new_tokens = 12;
+        };
+        let full_name = format!("{name}-full");
+        let split_name = format!("{name}-split");
+        let (full, _) = run_with(dir.path(), 2, false, &full_name, Mode::Rl, tweak);
+        let (first, _) = run_with(dir.path(), 1, false, &split_name, Mode::Rl, tweak);
+        let (rest, _) = run_with(dir.path(), 2, true, &split_name, Mode::Rl, tweak);
+        assert_eq!((first.len(), rest.len()), (1, 1));
+        for (a, b) in full.iter().zip(first.iter().chain(&rest)) {
+            assert_eq!(a.loss, b.loss, "{name} step {}", a.step);
+            assert_eq!(a.reward, b.reward, "{name} step {}", a.step);
+            assert!(a.loss["total"].is_finite());
+        }
+        let state = |step: u64| -> serde_json::Value {
+            let p = dir
+                .path()
+                .join(format!("runs/{split_name}/step-{step}/rollout_state.json"));
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+        };
+        // Two tasks per step, each evolving the memory once from its first
+        // sample (Accum: kept as raw trajectories instead).
+        let (s1, s2) = (state(1), state(2));
+        match kind {
+            StrategyKind::Memcoder => {
+                let n = |s: &serde_json::Value| s["memory"]["tasks"].as_array().unwrap().len();
+                assert_eq!((n(&s1), n(&s2)), (2, 4), "{s2}");
+            }
+            _ => {
+                let n = |s: &serde_json::Value| s["accum"].as_array().unwrap().len();
+                assert_eq!((n(&s1), n(&s2)), (2, 4), "{s2}");
+            }
+        }
+    }
+}

@@ -15,8 +15,11 @@ use std::collections::VecDeque;
 
 use tch::Tensor;
 
-use crate::memory::memcoder::{feedback_text, ApiDoc, MemCoderMemory, MemCoderParams, TaskEntry};
-use crate::memory::{Embedder, ExactIndex, VectorIndex};
+use crate::config::{RunConfig, StrategyKind};
+use crate::memory::memcoder::{
+    feedback_text, load_api_docs, ApiDoc, MemCoderMemory, MemCoderParams, TaskEntry,
+};
+use crate::memory::{embedder_from_config, Embedder, ExactIndex, VectorIndex};
 use crate::task::Task;
 
 use super::name_hint;
@@ -41,17 +44,29 @@ pub struct DocSizes {
 }
 
 /// A documentation strategy with its memory and indexes.
-pub struct DocStrategy<'e> {
+pub struct DocStrategy {
     mode: DocMode,
     sizes: DocSizes,
-    embedder: &'e dyn Embedder,
+    embedder: Box<dyn Embedder>,
     memory: MemCoderMemory,
     doc_names: Vec<String>,
     docs: ExactIndex,
     /// Past task requirements, id = index in `memory.tasks()`.
     past: ExactIndex,
     accum: VecDeque<(TaskEntry, Tensor)>,
+    /// One entry per task solved, unless switched off by
+    /// [`DocStrategy::without_log`] (a long training run does not need it).
     pub log: Vec<StepLog>,
+    keep_log: bool,
+}
+
+/// What a [`DocStrategy`] has learned, as a trainer checkpoints it. The
+/// indexes are rebuilt from it (the embedders are deterministic).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DocState {
+    pub memory: MemCoderMemory,
+    /// MEMCoder-Accum's trajectories, oldest first.
+    pub accum: Vec<TaskEntry>,
 }
 
 /// What one task of the stream saw and changed (for tests and logs).
@@ -73,13 +88,55 @@ fn doc_text(d: &ApiDoc) -> String {
     format!("{} {} {}", d.name, d.signature, d.description)
 }
 
-impl<'e> DocStrategy<'e> {
+impl DocStrategy {
+    /// The strategy `kind` (doc-rag, memcoder, memcoder-accum) as `cfg`
+    /// sets it up: `[memory]`'s API docs, embedder and sizes, `[strategy]`'s
+    /// ablations and Accum capacity.
+    pub fn from_config(kind: StrategyKind, cfg: &RunConfig) -> Result<Self, RolloutError> {
+        let s = &cfg.strategy;
+        let mode = match kind {
+            StrategyKind::DocRag => DocMode::Rag,
+            StrategyKind::Memcoder => DocMode::Memcoder {
+                task_memory: s.task_memory,
+                api_memory: s.api_memory,
+            },
+            StrategyKind::MemcoderAccum => DocMode::Accum {
+                capacity: s.accum_capacity,
+            },
+            other => {
+                return Err(RolloutError::Invalid(format!(
+                    "\"{}\" is not a documentation strategy",
+                    other.name()
+                )))
+            }
+        };
+        let Some(path) = &cfg.memory.api_docs else {
+            return Err(RolloutError::Invalid(format!(
+                "strategy \"{}\" needs the library documentation: [memory] api_docs",
+                kind.name()
+            )));
+        };
+        let docs = load_api_docs(path)?;
+        let embedder = embedder_from_config(&cfg.memory, crate::train::rl::device_of(cfg))?;
+        let sizes = DocSizes {
+            k_doc: cfg.memory.k_doc,
+            k_task: cfg.memory.k_task,
+        };
+        Self::new(mode, sizes, docs, cfg.memory.memcoder.clone(), embedder)
+    }
+
+    /// Stop recording [`StepLog`]s.
+    pub fn without_log(mut self) -> Self {
+        self.keep_log = false;
+        self
+    }
+
     pub fn new(
         mode: DocMode,
         sizes: DocSizes,
         docs: Vec<ApiDoc>,
         params: MemCoderParams,
-        embedder: &'e dyn Embedder,
+        embedder: Box<dyn Embedder>,
     ) -> Result<Self, RolloutError> {
         if docs.is_empty() {
             return Err(RolloutError::Invalid(
@@ -102,6 +159,7 @@ impl<'e> DocStrategy<'e> {
         let ids: Vec<i64> = (0..docs.len() as i64).collect();
         index.add(&ids, &embedder.embed(&refs)?)?;
         let doc_names = docs.iter().map(|d| d.name.clone()).collect();
+        let past = ExactIndex::new(embedder.dim(), device);
         Ok(DocStrategy {
             mode,
             sizes,
@@ -109,9 +167,10 @@ impl<'e> DocStrategy<'e> {
             memory: MemCoderMemory::new(docs, params)?,
             doc_names,
             docs: index,
-            past: ExactIndex::new(embedder.dim(), device),
+            past,
             accum: VecDeque::new(),
             log: Vec::new(),
+            keep_log: true,
         })
     }
 
@@ -255,7 +314,7 @@ impl<'e> DocStrategy<'e> {
     }
 }
 
-impl Strategy for DocStrategy<'_> {
+impl Strategy for DocStrategy {
     fn name(&self) -> String {
         match self.mode {
             DocMode::Rag => "doc-rag".into(),
@@ -289,7 +348,9 @@ impl Strategy for DocStrategy<'_> {
             let reports = env.sandbox.run_batch(&jobs);
             log.passed = reports[0].outcome == Some(crate::exec::RewardClass::Pass);
             self.evolve(env, task, codes[0], &reports[0], &mut log)?;
-            self.log.push(log);
+            if self.keep_log {
+                self.log.push(log);
+            }
             out.push(
                 comps
                     .into_iter()
@@ -304,6 +365,57 @@ impl Strategy for DocStrategy<'_> {
             progress((i + 1) * n, total);
         }
         Ok(out)
+    }
+
+    fn save_state(&self) -> Result<Option<serde_json::Value>, RolloutError> {
+        if self.mode == DocMode::Rag {
+            return Ok(None);
+        }
+        let state = DocState {
+            memory: self.memory.clone(),
+            accum: self.accum.iter().map(|(e, _)| e.clone()).collect(),
+        };
+        serde_json::to_value(state)
+            .map(Some)
+            .map_err(|e| RolloutError::Invalid(format!("MEMCoder state: {e}")))
+    }
+
+    fn load_state(&mut self, state: serde_json::Value) -> Result<(), RolloutError> {
+        if self.mode == DocMode::Rag && state.is_null() {
+            return Ok(());
+        }
+        let state: DocState = serde_json::from_value(state)
+            .map_err(|e| RolloutError::Invalid(format!("MEMCoder state: {e}")))?;
+        if let Some(missing) = self
+            .doc_names
+            .iter()
+            .find(|n| !state.memory.is_documented(n))
+        {
+            return Err(RolloutError::Invalid(format!(
+                "the saved memory does not know API {missing}: it was built from other API docs"
+            )));
+        }
+        // One text per call, as when they were added, so the vectors are
+        // bit for bit the ones the run had.
+        let mut past = ExactIndex::new(self.embedder.dim(), self.embedder.device());
+        if let DocMode::Memcoder {
+            task_memory: true, ..
+        } = self.mode
+        {
+            for (i, t) in state.memory.tasks().iter().enumerate() {
+                let v = self.embedder.embed(&[t.requirement.as_str()])?;
+                past.add(&[i as i64], &v)?;
+            }
+        }
+        let mut accum = VecDeque::with_capacity(state.accum.len());
+        for e in state.accum {
+            let v = self.embedder.embed(&[e.requirement.as_str()])?.get(0);
+            accum.push_back((e, v));
+        }
+        self.memory = state.memory;
+        self.past = past;
+        self.accum = accum;
+        Ok(())
     }
 
     fn stats(&self) -> Vec<(String, f64)> {

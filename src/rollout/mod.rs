@@ -14,11 +14,40 @@ pub mod solve;
 
 pub use solve::{Env, RolloutError, Solution, Strategy};
 
+use crate::config::{RunConfig, StrategyKind};
+
 use crate::config::GenerationConfig;
 use crate::memory::long_term::{table7_prompt, Retrieved};
 use crate::model::sampling::Sampler;
 use crate::model::GenerationParams;
 use crate::task::Task;
+
+/// The strategy `[train] strategy` names, as the training rollout: `None`
+/// for zero-shot (the trainer's own batched prompt), else a strategy whose
+/// final answers the policy learns from. FALCON's Table 7 prompt belongs to
+/// `[meta]`'s long-term memory, not to this switch.
+pub fn training_strategy(cfg: &RunConfig) -> Result<Option<Box<dyn Strategy>>, RolloutError> {
+    let s = &cfg.strategy;
+    Ok(match cfg.train.strategy {
+        StrategyKind::ZeroShot => None,
+        StrategyKind::SelfRepair => Some(Box::new(repair::Repair::new(
+            repair::RepairConfig::self_repair(s),
+        ))),
+        StrategyKind::Memocoder => Some(Box::new(repair::Repair::new(
+            repair::RepairConfig::memocoder(s, &cfg.memory.fixes),
+        ))),
+        k @ (StrategyKind::DocRag | StrategyKind::Memcoder | StrategyKind::MemcoderAccum) => {
+            Some(Box::new(
+                memcoder::DocStrategy::from_config(k, cfg)?.without_log(),
+            ))
+        }
+        StrategyKind::Falcon => {
+            return Err(RolloutError::Invalid(
+                "[train] strategy = \"falcon\": FALCON's prompt comes from [meta]'s long-term memory; use zero-shot with [meta] algorithm set".into(),
+            ))
+        }
+    })
+}
 
 /// The user message for a task. MBPP-style statements do not name the
 /// function the tests call, so the name is added when the prompt lacks it

@@ -475,6 +475,18 @@ impl Strategy for Repair {
             .map(|(k, x)| (k.to_owned(), x as f64))
             .collect()
     }
+
+    fn save_state(&self) -> Result<Option<serde_json::Value>, RolloutError> {
+        serde_json::to_value(self.state())
+            .map(Some)
+            .map_err(|e| RolloutError::Invalid(format!("repair state: {e}")))
+    }
+
+    fn load_state(&mut self, state: serde_json::Value) -> Result<(), RolloutError> {
+        let state: RepairState = serde_json::from_value(state)
+            .map_err(|e| RolloutError::Invalid(format!("repair state: {e}")))?;
+        self.restore(state)
+    }
 }
 
 /// The planner's answer as the code writer sees it: up to `max` plans,

@@ -156,6 +156,23 @@ pub trait Strategy {
     fn stats(&self) -> Vec<(String, f64)> {
         Vec::new()
     }
+
+    /// What the strategy has learned so far, for a trainer's checkpoint;
+    /// `None` when it learns nothing (zero-shot, doc-RAG).
+    fn save_state(&self) -> Result<Option<serde_json::Value>, RolloutError> {
+        Ok(None)
+    }
+
+    /// Continue from what [`Strategy::save_state`] returned.
+    fn load_state(&mut self, state: serde_json::Value) -> Result<(), RolloutError> {
+        match state {
+            serde_json::Value::Null => Ok(()),
+            _ => Err(RolloutError::Invalid(format!(
+                "strategy {} keeps no state, but a saved state was given",
+                self.name()
+            ))),
+        }
+    }
 }
 
 /// The code a completion's answer contains.

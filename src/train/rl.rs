@@ -37,8 +37,9 @@ use crate::reward::{
     offsets_by_incremental_decode, r_coarse, Aspect, Judge, RewardBreakdown, SampleSignals,
     TokenSpan,
 };
-use crate::rollout::repair::{Repair, RepairConfig};
-use crate::rollout::{generation_params, reflection_params, task_prompt, Env, Strategy};
+use crate::rollout::{
+    generation_params, reflection_params, task_prompt, training_strategy, Env, Strategy,
+};
 use crate::task::{Task, TaskSet};
 
 #[derive(Debug, thiserror::Error)]
@@ -237,7 +238,7 @@ pub fn policy_from_checkpoint(dir: &Path) -> Result<(RunConfig, Policy), TrainEr
 pub const WEIGHTS_FILE: &str = "trainable.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const STATE_FILE: &str = "trainer_state.json";
-/// What a repairing rollout learned (`[train] strategy`), as JSON.
+/// What the rollout strategy learned (`[train] strategy`), as JSON.
 pub const ROLLOUT_STATE_FILE: &str = "rollout_state.json";
 pub const CONFIG_FILE: &str = "config.toml";
 
@@ -257,8 +258,9 @@ pub struct Trainer<'a> {
     eval_tasks: Option<&'a TaskSet>,
     /// Meta-RL runs only.
     pub(super) memory: Option<MetaMemory>,
-    /// A repairing rollout strategy (`[train] strategy`) and what it learned.
-    repair: Option<Repair>,
+    /// The rollout strategy (`[train] strategy`) and what it learned;
+    /// `None` for zero-shot.
+    strategy: Option<Box<dyn Strategy>>,
 }
 
 impl<'a> Trainer<'a> {
@@ -348,7 +350,7 @@ impl<'a> Trainer<'a> {
             mode,
             eval_tasks: None,
             memory: None,
-            repair: None,
+            strategy: None,
         };
         for gone in checkpoint::remove_leftovers(run_dir) {
             observer.on_message(&format!(
@@ -382,21 +384,16 @@ impl<'a> Trainer<'a> {
                 observer.on_message(&format!("initial weights from {}", init.display()));
             }
         }
-        let s = &me.cfg.strategy;
-        me.repair = match me.cfg.train.strategy {
-            StrategyKind::SelfRepair => Some(Repair::new(RepairConfig::self_repair(s))),
-            StrategyKind::Memocoder => Some(Repair::new(RepairConfig::memocoder(
-                s,
-                &me.cfg.memory.fixes,
-            ))),
-            _ => None,
-        };
-        if me.repair.is_some() && me.cfg.meta.algorithm != MetaAlgorithm::Off {
+        if me.cfg.train.strategy != StrategyKind::ZeroShot
+            && me.cfg.meta.algorithm != MetaAlgorithm::Off
+        {
             return Err(TrainError::Invalid(
-                "[train] strategy: repairing rollouts run in the single-level loop; set [meta] algorithm = \"off\" or strategy = \"zero-shot\"".into(),
+                "[train] strategy: strategy rollouts run in the single-level loop; set [meta] algorithm = \"off\" or strategy = \"zero-shot\"".into(),
             ));
         }
-        if let (Some(r), Some(dir)) = (me.repair.as_mut(), &resumed_from) {
+        me.strategy = training_strategy(&me.cfg)
+            .map_err(|e| TrainError::Invalid(format!("[train] strategy: {e}")))?;
+        if let (Some(r), Some(dir)) = (me.strategy.as_mut(), &resumed_from) {
             let path = dir.join(ROLLOUT_STATE_FILE);
             let text = std::fs::read_to_string(&path).map_err(|e| {
                 TrainError::Invalid(format!(
@@ -407,7 +404,7 @@ impl<'a> Trainer<'a> {
             })?;
             let state = serde_json::from_str(&text)
                 .map_err(|e| TrainError::Invalid(format!("{}: {e}", path.display())))?;
-            r.restore(state)
+            r.load_state(state)
                 .map_err(|e| TrainError::Invalid(format!("{}: {e}", path.display())))?;
         }
         if me.cfg.meta.algorithm != MetaAlgorithm::Off {
@@ -494,8 +491,12 @@ impl<'a> Trainer<'a> {
                     .as_bytes(),
             )?;
             crate::fsutil::write_atomic(&d.join(CONFIG_FILE), cfg_text.as_bytes())?;
-            if let Some(r) = &self.repair {
-                let text = serde_json::to_string(&r.state())
+            if let Some(r) = &self.strategy {
+                let state = r
+                    .save_state()
+                    .map_err(|e| TrainError::Invalid(format!("rollout state: {e}")))?
+                    .unwrap_or(serde_json::Value::Null);
+                let text = serde_json::to_string(&state)
                     .map_err(|e| TrainError::Invalid(format!("rollout state: {e}")))?;
                 crate::fsutil::write_atomic(&d.join(ROLLOUT_STATE_FILE), text.as_bytes())?;
             }
@@ -706,11 +707,12 @@ impl<'a> Trainer<'a> {
             .map(|task| task_prompt(&t.instruction, task))
             .collect();
         let mut seconds = BTreeMap::new();
-        let ro = match self.repair.take() {
+        let ro = match self.strategy.take() {
             None => self.rollout(&tasks, &prompts, t.group_size, seed, &mut seconds)?,
             Some(mut r) => {
-                let solved = self.repair_rollout(&mut r, &tasks, t.group_size, seed, &mut seconds);
-                self.repair = Some(r);
+                let solved =
+                    self.strategy_rollout(r.as_mut(), &tasks, t.group_size, seed, &mut seconds);
+                self.strategy = Some(r);
                 let (comps, attempts) = solved?;
                 let mut ro = self.score(&tasks, comps, t.group_size, &mut seconds)?;
                 ro.attempts = attempts;
@@ -766,13 +768,14 @@ impl<'a> Trainer<'a> {
         self.score(tasks, comps, g, seconds)
     }
 
-    /// `g` answers per task from the repairing strategy `r` (its generation
-    /// and guiding-test runs count as `generate`), with each answer's
-    /// attempt chain. The whole step is one chunk: what `r` learns here is
-    /// retrieved from the next step on.
-    fn repair_rollout(
+    /// `g` answers per task from the strategy `r` (its generation, guiding-
+    /// test runs and reflections count as `generate`), with each answer's
+    /// attempt chain. A repairing strategy takes the step as one chunk, so
+    /// what it learns here is retrieved from the next step on; MEMCoder
+    /// streams the step's tasks in order, evolving after each.
+    fn strategy_rollout(
         &self,
-        r: &mut Repair,
+        r: &mut dyn Strategy,
         tasks: &[&Task],
         g: usize,
         seed: u64,
