@@ -71,6 +71,7 @@ lr = 1e-5
 advantage = "group_mean"
 checkpoint_every = {a.steps}
 keep_last = 1
+shared_prefix = {"true" if a.shared_prefix == "on" else "false"}
 [train.loss]
 pg = 1.0
 fine = 0.0
@@ -96,6 +97,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-trl", action="store_true")
+    ap.add_argument("--shared-prefix", choices=["on", "off"], default="on",
+                    help="falcon's update runs each prompt once per group (on, the default) or once per sample")
     a = ap.parse_args()
     if a.steps < 2:
         sys.exit("--steps must be >= 2 (the first step is warm-up)")
@@ -112,7 +115,7 @@ def main():
     toks = statistics.median(r["tokens_generated"] for r in timed)
     print(f"model {model}; {a.prompts} prompts x {a.generations} samples, {a.max_new_tokens} max new tokens, "
           f"LoRA r={a.lora_rank} q/k/v/o, fp32, CPU, {a.threads} threads; median of {len(timed)} step(s) after 1 warm-up")
-    print(f"falcon train: {ours:7.1f} s/step  ({' '.join(f'{k} {v:.1f}' for k, v in sorted(parts.items()))}; "
+    print(f"falcon train (shared prefix {a.shared_prefix}): {ours:7.1f} s/step  ({' '.join(f'{k} {v:.1f}' for k, v in sorted(parts.items()))}; "
           f"{toks:.0f} completion tokens/step)")
     result = {"falcon_step_s": ours, "falcon_parts_s": parts, "falcon_tokens_per_step": toks,
               "falcon_steps_s": step_s}

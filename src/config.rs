@@ -1671,6 +1671,11 @@ pub struct TrainConfig {
     /// micro-batches are accumulated (exactly: each term keeps the whole
     /// batch's normalisation). 0 = the whole batch at once.
     pub micro_batch: usize,
+    /// In the update, run each prompt once for all the samples of its
+    /// group that share it (a micro-batch's samples of the same prompt),
+    /// instead of once per sample: the same losses and gradients up to
+    /// float rounding, less compute. The meta-loop's passes do not use it.
+    pub shared_prefix: bool,
     /// Start from the trainable weights of this checkpoint directory
     /// (`runs/NAME/step-N`, e.g. of a `falcon sft` run); its LoRA settings
     /// must match `[model.lora]`.
@@ -1709,6 +1714,7 @@ impl Default for TrainConfig {
             ppo_epochs: 1,
             clip_eps: 0.2,
             micro_batch: 0,
+            shared_prefix: true,
             init_from: None,
             eval_before: false,
             eval_after: false,

@@ -365,20 +365,32 @@ fn close(a: f64, b: f64, rel: f64) -> bool {
 fn micro_batches_accumulate_to_the_whole_batch() {
     let dir = tmpdir();
     setup(dir.path());
-    // sl > 0 and sequence-mean normalisation too, so every normaliser is used.
-    let tweak = |micro: usize| {
+    // sl > 0, kl > 0 and sequence-mean normalisation too, so every
+    // normaliser and the reference pass are used. Micro-batches of several
+    // samples of a group run their prompt once (shared prefix); of one
+    // sample, or with shared_prefix off, every sequence runs whole.
+    let tweak = |micro: usize, shared: bool| {
         move |c: &mut RunConfig| {
             c.train.micro_batch = micro;
+            c.train.shared_prefix = shared;
             // Dropout masks depend on the micro-batch shapes.
             c.model.lora.dropout = 0.0;
             c.train.loss.sl = 0.5;
+            c.train.loss.kl = 0.05;
             c.train.advantage = falcon_rl::train::advantage::AdvantageKind::GroupMean;
         }
     };
-    let (whole, w_whole) = run_with(dir.path(), 2, false, "whole", Mode::Rl, tweak(0));
-    let (micro, w_micro) = run_with(dir.path(), 2, false, "micro", Mode::Rl, tweak(4));
-    let (ones, _) = run_with(dir.path(), 2, false, "ones", Mode::Rl, tweak(1));
-    for (a, b) in whole.iter().zip(&micro).chain(whole.iter().zip(&ones)) {
+    let (whole, w_whole) = run_with(dir.path(), 2, false, "whole", Mode::Rl, tweak(0, true));
+    let (micro, w_micro) = run_with(dir.path(), 2, false, "micro", Mode::Rl, tweak(4, true));
+    let (ones, _) = run_with(dir.path(), 2, false, "ones", Mode::Rl, tweak(1, true));
+    let (plain, w_plain) = run_with(dir.path(), 2, false, "plain", Mode::Rl, tweak(0, false));
+    assert!(whole[1].loss["kl"] > 0.0);
+    for (a, b) in whole
+        .iter()
+        .zip(&micro)
+        .chain(whole.iter().zip(&ones))
+        .chain(whole.iter().zip(&plain))
+    {
         assert_eq!(
             a.loss.keys().collect::<Vec<_>>(),
             b.loss.keys().collect::<Vec<_>>()
@@ -399,7 +411,11 @@ fn micro_batches_accumulate_to_the_whole_batch() {
         );
         assert_eq!(a.reward, b.reward);
     }
-    for ((n, a), (_, b)) in w_whole.iter().zip(&w_micro) {
+    for ((n, a), (_, b)) in w_whole
+        .iter()
+        .zip(&w_micro)
+        .chain(w_whole.iter().zip(&w_plain))
+    {
         assert!(
             a.allclose(b, 1e-5, 1e-6, false),
             "{n} differs after 2 steps"

@@ -1066,6 +1066,71 @@ struct MicroBatch {
     share: BTreeMap<&'static str, f64>,
     reference: Option<Tensor>,
     old: Option<Tensor>,
+    /// Set when samples of the micro-batch share prompts and
+    /// `[train] shared_prefix` is on.
+    prefix: Option<SharedPrefix>,
+}
+
+/// How a micro-batch runs with each distinct prompt once
+/// ([`crate::model::Decoder::forward_shared_prefix`]).
+struct SharedPrefix {
+    prompts: Vec<Vec<i64>>,
+    /// Row i's prompt is `prompts[rows[i]]`.
+    rows: Vec<i64>,
+    completions: Vec<Vec<i64>>,
+    /// `[b, L]` completion tokens, padded with 0.
+    targets: Tensor,
+    /// `[b, T-1-start]`: for each column of the micro-batch's layout, the
+    /// completion token it predicts (clamped where it predicts none).
+    gather: Tensor,
+}
+
+impl SharedPrefix {
+    /// `None` when no two sequences share a prompt (nothing to save).
+    fn plan(seqs: &[&UpdateSeq], start: usize, w: usize, device: Device) -> Option<Self> {
+        let mut prompts: Vec<Vec<i64>> = Vec::new();
+        let mut rows = Vec::with_capacity(seqs.len());
+        for s in seqs {
+            let r = match prompts.iter().position(|p| p.as_slice() == s.prompt_ids) {
+                Some(r) => r,
+                None => {
+                    prompts.push(s.prompt_ids.to_vec());
+                    prompts.len() - 1
+                }
+            };
+            rows.push(r as i64);
+        }
+        if prompts.len() == seqs.len() || seqs.iter().any(|s| s.prompt_ids.is_empty()) {
+            return None;
+        }
+        let l = seqs
+            .iter()
+            .map(|s| s.completion_ids.len())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let b = seqs.len();
+        let mut targets = vec![0i64; b * l];
+        let mut gather = vec![0i64; b * w];
+        for (i, s) in seqs.iter().enumerate() {
+            targets[i * l..i * l + s.completion_ids.len()].copy_from_slice(s.completion_ids);
+            // Column c predicts token c + start + 1 of the full sequence,
+            // which is completion token c + start + 1 - p.
+            let p = s.prompt_ids.len() as i64;
+            for c in 0..w {
+                let j = c as i64 + start as i64 + 1 - p;
+                gather[i * w + c] = j.clamp(0, l as i64 - 1);
+            }
+        }
+        let (b, l, w) = (b as i64, l as i64, w as i64);
+        Some(SharedPrefix {
+            prompts,
+            rows,
+            completions: seqs.iter().map(|s| s.completion_ids.to_vec()).collect(),
+            targets: Tensor::from_slice(&targets).view([b, l]).to_device(device),
+            gather: Tensor::from_slice(&gather).view([b, w]).to_device(device),
+        })
+    }
 }
 
 /// The normalisers of the loss terms for a set of sequences: completion
@@ -1102,7 +1167,7 @@ fn normalisers(seqs: &[&UpdateSeq], norm: Normalization) -> BTreeMap<&'static st
     ])
 }
 
-fn micro_batch(seqs: &[&UpdateSeq], device: Device) -> MicroBatch {
+fn micro_batch(seqs: &[&UpdateSeq], device: Device, shared_prefix: bool) -> MicroBatch {
     let b = seqs.len();
     let tmax = seqs
         .iter()
@@ -1153,11 +1218,28 @@ fn micro_batch(seqs: &[&UpdateSeq], device: Device) -> MicroBatch {
         share: BTreeMap::new(),
         reference: None,
         old: None,
+        prefix: if shared_prefix {
+            SharedPrefix::plan(seqs, start, w as usize, device)
+        } else {
+            None
+        },
     }
 }
 
 /// `log p` of the next tokens `start+1..T` of the micro-batch, `[b, T-1-start]`.
 fn batch_logprobs(policy: &Policy, mb: &MicroBatch, train: bool) -> Result<Tensor, TrainError> {
+    if let Some(sp) = &mb.prefix {
+        let prompts: Vec<&[i64]> = sp.prompts.iter().map(Vec::as_slice).collect();
+        let comps: Vec<&[i64]> = sp.completions.iter().map(Vec::as_slice).collect();
+        let logits = policy
+            .model
+            .forward_shared_prefix(&prompts, &sp.rows, &comps, train)?;
+        let by_token = token_logprobs(&logits, &sp.targets);
+        // Into the micro-batch's layout; columns that predict no completion
+        // token are masked by every term, and 0 keeps them finite.
+        let cols = by_token.gather(1, &sp.gather, false);
+        return Ok(cols.where_self(&mb.mask, &cols.zeros_like()));
+    }
     let t = mb.ids.size()[1];
     let w = t - 1 - mb.start;
     let logits = policy.model.forward(
@@ -1215,13 +1297,14 @@ fn micro_batches(
     size: usize,
     norm: Normalization,
     kl: bool,
+    shared_prefix: bool,
 ) -> Result<Vec<MicroBatch>, TrainError> {
     let all: Vec<&UpdateSeq> = seqs.iter().collect();
     let whole = normalisers(&all, norm);
     let size = if size == 0 { all.len() } else { size }.max(1);
     let mut out = Vec::new();
     for chunk in all.chunks(size) {
-        let mut mb = micro_batch(chunk, policy.device());
+        let mut mb = micro_batch(chunk, policy.device(), shared_prefix);
         mb.share = normalisers(chunk, norm)
             .iter()
             .map(|(k, v)| (*k, v / whole[k].max(1.0)))
@@ -1252,7 +1335,10 @@ pub(super) fn seqs_loss(
     piece: &mut dyn FnMut(Tensor) -> Result<(), TrainError>,
 ) -> Result<BTreeMap<String, f64>, TrainError> {
     let mut sum: BTreeMap<String, f64> = BTreeMap::new();
-    for mb in micro_batches(policy, seqs, size, norm, w.kl > 0.0)? {
+    // The meta passes keep the plain forward: second-order MAML
+    // differentiates through them twice, which the shared-prefix cache
+    // writes have not been checked for.
+    for mb in micro_batches(policy, seqs, size, norm, w.kl > 0.0, false)? {
         let logp = batch_logprobs(policy, &mb, true)?;
         let old = logp.detach();
         let (l, parts) = mb_loss(&mb, &logp, old, None, norm, w)?;
@@ -1285,6 +1371,7 @@ impl Trainer<'_> {
             t.micro_batch,
             t.normalization,
             w.kl > 0.0,
+            t.shared_prefix,
         )?;
         let clip = (t.ppo_epochs > 1).then_some(t.clip_eps);
         let params = trainable(self.policy);
