@@ -153,6 +153,42 @@ fn ragged_batch_rows_equal_their_single_runs() {
     }
 }
 
+/// A prompt repeated in the batch (a GRPO group) is prefilled once and its
+/// cache copied: each copy decodes exactly as the prompt does alone.
+#[test]
+fn repeated_prompts_decode_as_their_single_runs() {
+    let p = load("tiny-llama", Dtype::Fp32);
+    let a = vec![5, 6, 7, 8, 9];
+    let b = vec![42, 43];
+    let prompts = vec![a.clone(), b.clone(), a.clone(), a.clone(), b.clone()];
+    let batch = p.generate_ids(&prompts, &greedy_params(12)).unwrap();
+    for (i, prompt) in prompts.iter().enumerate() {
+        let alone = p
+            .generate_ids(std::slice::from_ref(prompt), &greedy_params(12))
+            .unwrap();
+        assert_eq!(batch[i].prompt_ids, *prompt);
+        assert_eq!(batch[i].token_ids, alone[0].token_ids, "row {i}");
+        for (x, y) in batch[i].logprobs.iter().zip(&alone[0].logprobs) {
+            assert!((x - y).abs() < 1e-4, "row {i}: logprob {x} vs {y}");
+        }
+    }
+    // Sampled copies of one prompt still draw their own tokens.
+    let params = GenerationParams {
+        max_new_tokens: 12,
+        sampler: Sampler {
+            temperature: 1.5,
+            top_k: 0,
+            top_p: 1.0,
+        },
+        seed: Some(3),
+        ..GenerationParams::default()
+    };
+    let group = p.generate_ids(&vec![a.clone(); 4], &params).unwrap();
+    let distinct: std::collections::BTreeSet<&Vec<i64>> =
+        group.iter().map(|c| &c.token_ids).collect();
+    assert!(distinct.len() > 1, "4 samples at T=1.5 were all the same");
+}
+
 #[test]
 fn sampling_is_reproducible_per_seed_and_logprobs_are_consistent() {
     let p = load("tiny-llama", Dtype::Fp32);

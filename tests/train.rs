@@ -416,9 +416,14 @@ fn micro_batches_accumulate_to_the_whole_batch() {
         .zip(&w_micro)
         .chain(w_whole.iter().zip(&w_plain))
     {
+        // AdamW divides by the gradient's own scale, so rounding in a
+        // near-zero gradient entry moves its weight by ~1e-6 after 2 steps
+        // (the weights are ~1e-2; a wrong gradient moves them by ~lr).
         assert!(
-            a.allclose(b, 1e-5, 1e-6, false),
-            "{n} differs after 2 steps"
+            a.allclose(b, 1e-5, 1e-5, false),
+            "{n} differs after 2 steps by {} (max |w| {})",
+            (a - b).abs().max().double_value(&[]),
+            a.abs().max().double_value(&[])
         );
     }
 }

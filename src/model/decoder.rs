@@ -216,7 +216,8 @@ impl KvCache {
         }
     }
 
-    /// Keep only the batch rows `rows` (an `[R]` i64 index tensor), in that
+    /// Keep only the batch rows `rows` (an `[R]` i64 index tensor; a row may
+    /// repeat, e.g. a prompt prefilled once for several samples), in that
     /// order: finished sequences of a generation batch stop costing compute.
     pub fn keep_rows(&mut self, rows: &Tensor) {
         for t in self.k.iter_mut().chain(self.v.iter_mut()) {
@@ -224,6 +225,23 @@ impl KvCache {
         }
         self.valid = self.valid.index_select(0, rows);
         self.next_pos = self.next_pos.index_select(0, rows);
+    }
+
+    /// A new cache of the batch rows `rows` (repeats allowed) with room
+    /// for `capacity` slots (at least those filled); gradients flow back
+    /// into this one.
+    fn select(&self, rows: &Tensor, capacity: i64) -> KvCache {
+        let capacity = capacity.max(self.len).min(self.capacity);
+        let pick = |t: &Tensor| t.narrow(-2, 0, capacity).index_select(0, rows);
+        KvCache {
+            k: self.k.iter().map(pick).collect(),
+            v: self.v.iter().map(pick).collect(),
+            valid: self.valid.narrow(1, 0, capacity).index_select(0, rows),
+            next_pos: self.next_pos.index_select(0, rows),
+            len: self.len,
+            capacity,
+            dense: self.dense,
+        }
     }
 
     /// Number of slots filled so far.
@@ -238,6 +256,39 @@ impl KvCache {
     pub fn capacity(&self) -> i64 {
         self.capacity
     }
+}
+
+/// What one more forward pass costs in shared-prefix scoring, in padded
+/// token positions: completions are split into another length chunk only
+/// when that saves more padding than this.
+const CHUNK_COST: usize = 128;
+
+/// Contiguous chunks `[lo, hi)` of `lens` (sorted longest first) that
+/// minimise the padded positions (each chunk pads to its first length,
+/// less the one token that predicts nothing) plus `cost` per chunk.
+fn length_chunks(lens: &[usize], cost: usize) -> Vec<(usize, usize)> {
+    let n = lens.len();
+    // best[k]: the cheapest split of lens[..k]; from[k]: its last chunk's start.
+    let mut best = vec![0usize; n + 1];
+    let mut from = vec![0usize; n + 1];
+    for k in 1..=n {
+        best[k] = usize::MAX;
+        for j in 0..k {
+            let c = best[j] + (k - j) * lens[j].saturating_sub(1) + cost;
+            if c < best[k] {
+                best[k] = c;
+                from[k] = j;
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut k = n;
+    while k > 0 {
+        out.push((from[k], k));
+        k = from[k];
+    }
+    out.reverse();
+    out
 }
 
 /// Per-forward attention context shared by every layer.
@@ -669,13 +720,17 @@ impl Decoder {
         if logits_for == LogitsFor::Hidden {
             return Ok(h);
         }
+        let (b, t, d) = h.size3().expect("hidden states are [B, T, H]");
+        Ok(self.project(&h.reshape([b * t, d])).reshape([b, t, -1]))
+    }
+
+    /// Logits `[N, V]` of final normalised hidden states `[N, H]`.
+    fn project(&self, h: &Tensor) -> Tensor {
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
         // `W · hᵀ` rather than `h · Wᵀ`: for the few rows of a decode step the
         // BLAS kernels run this orientation of the vocab projection (the
         // largest matmul of a small model) markedly faster; same products.
-        let (b, t, d) = h.size3().expect("hidden states are [B, T, H]");
-        let logits = head.mm(&h.reshape([b * t, d]).transpose(0, 1));
-        Ok(logits.transpose(0, 1).reshape([b, t, -1]))
+        head.mm(&h.transpose(0, 1)).transpose(0, 1)
     }
 
     /// `[B, 1, T, S]` bool attention mask for `t` new rows starting at slot
@@ -696,44 +751,63 @@ impl Decoder {
         self.embed_tokens.device()
     }
 
-    /// Logits `[b, L, V]` for scoring completions, where column `j` of row
-    /// `i` predicts token `j` of `completions[i]` (L = the longest
-    /// completion; columns past a completion's end hold whatever the
-    /// padding gives and must be masked). Row `i`'s prompt is
-    /// `prompts[rows[i]]`, and each distinct prompt runs through the model
-    /// once: its keys and values are copied to the rows that share it, and
-    /// gradients from every row flow back into the one prefix pass. The
-    /// same values as a full forward over each prompt + completion, up to
-    /// float rounding, at a fraction of the cost when G samples share a
-    /// prompt (GRPO groups).
-    pub fn forward_shared_prefix(
+    /// Log-probabilities `[b, L]` (fp32, or fp64 for an fp64 model) of
+    /// each completion's tokens given its prompt: column `j` of row `i` is
+    /// `log p(completions[i][j] | prompt, completions[i][..j])`, 0 past the
+    /// completion's end. Row `i`'s prompt is `prompts[rows[i]]`.
+    ///
+    /// Each distinct prompt runs through the model once and its keys and
+    /// values are copied to the rows that share it (gradients from every
+    /// row flow back into the one prefix pass); the completions then run in
+    /// chunks of similar length, so short ones are not padded to the
+    /// longest; and the vocabulary projection is computed only where a
+    /// token is scored. The same values as a full forward over each prompt
+    /// and its completion, up to float rounding, at a fraction of the cost
+    /// when G samples share a prompt (GRPO groups).
+    pub fn shared_prefix_logprobs(
         &self,
         prompts: &[&[i64]],
         rows: &[i64],
         completions: &[&[i64]],
         train: bool,
     ) -> Result<Tensor, ModelError> {
+        self.shared_prefix_logprobs_chunked(prompts, rows, completions, train, CHUNK_COST)
+    }
+
+    fn shared_prefix_logprobs_chunked(
+        &self,
+        prompts: &[&[i64]],
+        rows: &[i64],
+        completions: &[&[i64]],
+        train: bool,
+        chunk_cost: usize,
+    ) -> Result<Tensor, ModelError> {
         let device = self.device();
-        let (m, b) = (prompts.len() as i64, completions.len() as i64);
-        if rows.len() != completions.len() || rows.iter().any(|&r| r < 0 || r >= m) {
+        let (m, b) = (prompts.len() as i64, completions.len());
+        if rows.len() != b || rows.iter().any(|&r| r < 0 || r >= m) {
             return Err(ModelError::Invalid(format!(
-                "shared-prefix forward: {} rows for {} completions over {m} prompts",
-                rows.len(),
-                completions.len()
+                "shared-prefix scoring: {} rows for {b} completions over {m} prompts",
+                rows.len()
             )));
         }
         if prompts.iter().any(|p| p.is_empty()) {
             return Err(ModelError::Invalid(
-                "shared-prefix forward: an empty prompt has no last token to predict from".into(),
+                "shared-prefix scoring: an empty prompt has no last token to predict from".into(),
             ));
         }
+        let kind = self.embed_tokens.kind();
+        let lkind = if kind == Kind::Double {
+            Kind::Double
+        } else {
+            Kind::Float
+        };
         let lp = prompts.iter().map(|p| p.len()).max().unwrap_or(1) as i64;
-        let lc = completions
+        let l = completions
             .iter()
             .map(|c| c.len())
             .max()
             .unwrap_or(0)
-            .max(1) as i64;
+            .max(1);
         // Prompts left-padded so that every one ends in the last column.
         let mut ids = vec![0i64; (m * lp) as usize];
         let mut valid = vec![false; (m * lp) as usize];
@@ -744,30 +818,74 @@ impl Decoder {
         }
         let ids = Tensor::from_slice(&ids).view([m, lp]).to_device(device);
         let valid = Tensor::from_slice(&valid).view([m, lp]).to_device(device);
-        let kind = self.embed_tokens.kind();
-        let mut cache = KvCache::new(&self.config, m, lp + lc - 1, kind, device);
+        let mut cache = KvCache::new(&self.config, m, lp + l as i64 - 1, kind, device);
         let last = self.forward(&ids, Some(&valid), Some(&mut cache), LogitsFor::Last, train)?;
-        let rows_t = Tensor::from_slice(rows).to_device(device);
-        let first = last.index_select(0, &rows_t);
-        if lc == 1 {
-            return Ok(first);
+        let first = last.squeeze_dim(1).log_softmax(-1, lkind);
+
+        let mut values: Vec<Tensor> = Vec::new();
+        let mut dest: Vec<i64> = Vec::new();
+        let starting: Vec<usize> = (0..b).filter(|&i| !completions[i].is_empty()).collect();
+        if !starting.is_empty() {
+            let src: Vec<i64> = starting.iter().map(|&i| rows[i]).collect();
+            let tok: Vec<i64> = starting.iter().map(|&i| completions[i][0]).collect();
+            let src = Tensor::from_slice(&src).to_device(device);
+            let tok = Tensor::from_slice(&tok).to_device(device);
+            values.push(
+                first
+                    .index_select(0, &src)
+                    .gather(1, &tok.unsqueeze(1), false)
+                    .squeeze_dim(1),
+            );
+            dest.extend(starting.iter().map(|&i| (i * l) as i64));
         }
-        cache.keep_rows(&rows_t);
-        // Tokens 0..L-1 of each completion; the last one predicts nothing.
-        let w = (lc - 1) as usize;
-        let mut ids = vec![0i64; b as usize * w];
-        let mut valid = vec![false; b as usize * w];
-        for (i, c) in completions.iter().enumerate() {
-            let n = c.len().min(w);
-            ids[i * w..i * w + n].copy_from_slice(&c[..n]);
-            valid[i * w..i * w + n].iter_mut().for_each(|v| *v = true);
+        // Rows with a second token, longest first, in chunks of similar length.
+        let mut long: Vec<usize> = (0..b).filter(|&i| completions[i].len() >= 2).collect();
+        long.sort_by_key(|&i| std::cmp::Reverse(completions[i].len()));
+        let lens: Vec<usize> = long.iter().map(|&i| completions[i].len()).collect();
+        for (lo, hi) in length_chunks(&lens, chunk_cost) {
+            let chunk = &long[lo..hi];
+            let t = completions[chunk[0]].len() - 1;
+            let bc = chunk.len();
+            let src: Vec<i64> = chunk.iter().map(|&i| rows[i]).collect();
+            let mut c = cache.select(&Tensor::from_slice(&src).to_device(device), lp + t as i64);
+            // Tokens 0..t of each completion; each predicts the next one.
+            let mut ids = vec![0i64; bc * t];
+            let mut valid = vec![false; bc * t];
+            let (mut sel, mut tgt) = (Vec::new(), Vec::new());
+            for (r, &i) in chunk.iter().enumerate() {
+                let comp = completions[i];
+                let n = comp.len().min(t);
+                ids[r * t..r * t + n].copy_from_slice(&comp[..n]);
+                valid[r * t..r * t + n].iter_mut().for_each(|v| *v = true);
+                for j in 0..comp.len() - 1 {
+                    sel.push((r * t + j) as i64);
+                    tgt.push(comp[j + 1]);
+                    dest.push((i * l + j + 1) as i64);
+                }
+            }
+            let (bc, t) = (bc as i64, t as i64);
+            let ids = Tensor::from_slice(&ids).view([bc, t]).to_device(device);
+            let valid = Tensor::from_slice(&valid).view([bc, t]).to_device(device);
+            let h = self.forward(&ids, Some(&valid), Some(&mut c), LogitsFor::Hidden, train)?;
+            let d = h.size()[2];
+            let sel = Tensor::from_slice(&sel).to_device(device);
+            let tgt = Tensor::from_slice(&tgt).to_device(device);
+            let hs = h.reshape([bc * t, d]).index_select(0, &sel);
+            values.push(
+                self.project(&hs)
+                    .log_softmax(-1, lkind)
+                    .gather(1, &tgt.unsqueeze(1), false)
+                    .squeeze_dim(1),
+            );
         }
-        let ids = Tensor::from_slice(&ids).view([b, lc - 1]).to_device(device);
-        let valid = Tensor::from_slice(&valid)
-            .view([b, lc - 1])
-            .to_device(device);
-        let rest = self.forward(&ids, Some(&valid), Some(&mut cache), LogitsFor::All, train)?;
-        Ok(Tensor::cat(&[&first, &rest], 1))
+        let out = Tensor::zeros([(b * l) as i64], (lkind, device));
+        let out = if values.is_empty() {
+            out
+        } else {
+            let dest = Tensor::from_slice(&dest).to_device(device);
+            out.index_add(0, &dest, &Tensor::cat(&values, 0))
+        };
+        Ok(out.view([b as i64, l as i64]))
     }
 
     /// Compute attention with the composite kernel, whose backward can be
@@ -836,47 +954,43 @@ mod tests {
         (vs, d)
     }
 
-    /// Every completion token's logits (and the gradients through them)
-    /// equal those of a full forward over its own prompt + completion,
-    /// with prompts of different lengths, an empty and a one-token
-    /// completion among them.
+    /// Every completion token's log-prob (and the gradients through them)
+    /// equals that of a full forward over its own prompt + completion, with
+    /// prompts of different lengths, an empty and a one-token completion
+    /// among them, in one length chunk or one chunk per length.
     #[test]
-    fn shared_prefix_forward_equals_full_forwards() {
+    fn shared_prefix_logprobs_equal_full_forwards() {
         let (vs, d) = tiny();
         let prompts: [&[i64]; 2] = [&[1, 2, 3], &[4, 5]];
-        let rows = [0i64, 0, 1, 1, 0];
-        let comps: [&[i64]; 5] = [&[6, 7, 8], &[9], &[10, 11], &[], &[12, 13, 14, 15]];
-        let shared = d
-            .forward_shared_prefix(&prompts, &rows, &comps, true)
-            .unwrap();
-        assert_eq!(shared.size(), [5, 4, 40]);
-        let mut pick_shared = Vec::new();
-        let mut pick_full = Vec::new();
+        let rows = [0i64, 0, 1, 1, 0, 1];
+        let comps: [&[i64]; 6] = [
+            &[6, 7, 8],
+            &[9],
+            &[10, 11],
+            &[],
+            &[12, 13, 14, 15],
+            &[16, 17, 18, 19],
+        ];
+        let mut full = Vec::new();
         for (i, c) in comps.iter().enumerate() {
             let p = prompts[rows[i] as usize];
             let ids: Vec<i64> = p.iter().chain(c.iter()).copied().collect();
             let t = ids.len() as i64;
-            let full = d
-                .forward(
-                    &Tensor::from_slice(&ids).view([1, t]),
-                    None,
-                    None,
-                    LogitsFor::All,
-                    true,
-                )
-                .unwrap();
-            for j in 0..c.len() as i64 {
-                pick_shared.push(shared.get(i as i64).get(j));
-                pick_full.push(full.get(0).get(p.len() as i64 - 1 + j));
+            let ids = Tensor::from_slice(&ids).view([1, t]);
+            let logits = d.forward(&ids, None, None, LogitsFor::All, true).unwrap();
+            let lp = logits.get(0).log_softmax(-1, Kind::Float);
+            let mut row = Vec::new();
+            for j in 0..4i64 {
+                row.push(if (j as usize) < c.len() {
+                    lp.get(p.len() as i64 - 1 + j).get(c[j as usize])
+                } else {
+                    Tensor::zeros([], (Kind::Float, Device::Cpu))
+                });
             }
+            full.push(Tensor::stack(&row, 0));
         }
-        let a = Tensor::stack(&pick_shared, 0);
-        let b = Tensor::stack(&pick_full, 0);
-        assert_eq!(a.size(), [10, 40]);
-        let diff = (&a - &b).abs().max().double_value(&[]);
-        assert!(diff < 1e-5, "logits differ by {diff}");
-        // Gradients of a weighted sum through both routes.
-        let w = Tensor::randn([10, 40], (Kind::Float, Device::Cpu));
+        let full = Tensor::stack(&full, 0);
+        let w = Tensor::randn([6, 4], (Kind::Float, Device::Cpu));
         let grads = |x: &Tensor| -> Vec<Tensor> {
             let params: Vec<Tensor> = vs.trainable_variables();
             for p in &params {
@@ -888,32 +1002,52 @@ mod tests {
             (x * &w).sum(Kind::Float).backward();
             params.iter().map(|p| p.grad().copy()).collect()
         };
-        let ga = grads(&a);
-        let gb = grads(&b);
-        for (x, y) in ga.iter().zip(&gb) {
-            let scale = y.abs().max().double_value(&[]).max(1e-6);
-            let diff = (x - y).abs().max().double_value(&[]);
-            assert!(
-                diff / scale < 1e-4,
-                "gradient differs by {diff} (scale {scale})"
-            );
+        let g_full = grads(&full);
+        for cost in [0, CHUNK_COST] {
+            let shared = d
+                .shared_prefix_logprobs_chunked(&prompts, &rows, &comps, true, cost)
+                .unwrap();
+            assert_eq!(shared.size(), [6, 4]);
+            let diff = (&shared - &full).abs().max().double_value(&[]);
+            assert!(diff < 1e-5, "chunk cost {cost}: log-probs differ by {diff}");
+            assert_eq!(shared.get(3).abs().sum(Kind::Float).double_value(&[]), 0.0);
+            for (x, y) in grads(&shared).iter().zip(&g_full) {
+                let scale = y.abs().max().double_value(&[]).max(1e-6);
+                let diff = (x - y).abs().max().double_value(&[]);
+                assert!(
+                    diff / scale < 1e-4,
+                    "gradient differs by {diff} (scale {scale})"
+                );
+            }
         }
     }
 
     #[test]
-    fn shared_prefix_forward_rejects_bad_rows() {
+    fn length_chunks_trade_padding_for_passes() {
+        // Free passes: one chunk per distinct length.
+        assert_eq!(length_chunks(&[9, 9, 5, 2], 0), [(0, 2), (2, 3), (3, 4)]);
+        // Dear passes: one chunk.
+        assert_eq!(length_chunks(&[9, 9, 5, 2], 1000), [(0, 4)]);
+        // 2 long + 6 short: splitting saves 6 * (99 - 9) = 540 > 128.
+        let lens = [100, 100, 10, 10, 10, 10, 10, 10];
+        assert_eq!(length_chunks(&lens, 128), [(0, 2), (2, 8)]);
+        assert!(length_chunks(&[], 128).is_empty());
+    }
+
+    #[test]
+    fn shared_prefix_scoring_rejects_bad_rows() {
         let (_vs, d) = tiny();
         let prompts: [&[i64]; 1] = [&[1, 2]];
         let comps: [&[i64]; 1] = [&[3]];
         assert!(d
-            .forward_shared_prefix(&prompts, &[1], &comps, false)
+            .shared_prefix_logprobs(&prompts, &[1], &comps, false)
             .is_err());
         assert!(d
-            .forward_shared_prefix(&prompts, &[0, 0], &comps, false)
+            .shared_prefix_logprobs(&prompts, &[0, 0], &comps, false)
             .is_err());
         let empty: [&[i64]; 1] = [&[]];
         assert!(d
-            .forward_shared_prefix(&empty, &[0], &comps, false)
+            .shared_prefix_logprobs(&empty, &[0], &comps, false)
             .is_err());
     }
 }

@@ -412,14 +412,29 @@ impl Policy {
         if params.ignore_eos {
             eos.clear();
         }
-        let mut ids = vec![pad; b * max_len];
-        let mut valid = vec![false; b * max_len];
-        for (i, p) in prompts.iter().enumerate() {
+        // Identical prompts (a GRPO group's G samples) are prefilled once;
+        // their cache rows and first logits are then copied per sample.
+        let mut distinct: Vec<&Vec<i64>> = Vec::new();
+        let mut row_of: Vec<i64> = Vec::with_capacity(b);
+        for p in prompts {
+            let r = match distinct.iter().position(|d| *d == p) {
+                Some(r) => r,
+                None => {
+                    distinct.push(p);
+                    distinct.len() - 1
+                }
+            };
+            row_of.push(r as i64);
+        }
+        let m = distinct.len();
+        let mut ids = vec![pad; m * max_len];
+        let mut valid = vec![false; m * max_len];
+        for (i, p) in distinct.iter().enumerate() {
             let off = i * max_len + (max_len - p.len());
             ids[off..off + p.len()].copy_from_slice(p);
             valid[off..off + p.len()].iter_mut().for_each(|v| *v = true);
         }
-        let shape = [b as i64, max_len as i64];
+        let shape = [m as i64, max_len as i64];
         let ids = Tensor::from_slice(&ids).view(shape).to_device(device);
         let valid = Tensor::from_slice(&valid).view(shape).to_device(device);
         let eos_t = Tensor::from_slice(&eos.iter().copied().collect::<Vec<_>>()).to_device(device);
@@ -441,7 +456,7 @@ impl Policy {
         let capacity = (max_len + params.max_new_tokens) as i64;
         let mut cache = KvCache::new(
             &self.model.config,
-            b as i64,
+            m as i64,
             capacity,
             self.model.kind(),
             device,
@@ -452,6 +467,11 @@ impl Policy {
                 .model
                 .forward(&ids, Some(&valid), Some(&mut cache), LogitsFor::Last, false)?
                 .squeeze_dim(1);
+            if m < b {
+                let idx = Tensor::from_slice(&row_of).to_device(device);
+                cache.keep_rows(&idx);
+                logits = logits.index_select(0, &idx);
+            }
             let mut alive = Tensor::ones([b as i64], (Kind::Bool, device));
             // rows[j]: the prompt index of batch row j. Once half the rows
             // have finished, the batch is compacted to the live ones.

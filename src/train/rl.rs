@@ -1072,14 +1072,12 @@ struct MicroBatch {
 }
 
 /// How a micro-batch runs with each distinct prompt once
-/// ([`crate::model::Decoder::forward_shared_prefix`]).
+/// ([`crate::model::Decoder::shared_prefix_logprobs`]).
 struct SharedPrefix {
     prompts: Vec<Vec<i64>>,
     /// Row i's prompt is `prompts[rows[i]]`.
     rows: Vec<i64>,
     completions: Vec<Vec<i64>>,
-    /// `[b, L]` completion tokens, padded with 0.
-    targets: Tensor,
     /// `[b, T-1-start]`: for each column of the micro-batch's layout, the
     /// completion token it predicts (clamped where it predicts none).
     gather: Tensor,
@@ -1110,10 +1108,8 @@ impl SharedPrefix {
             .unwrap_or(0)
             .max(1);
         let b = seqs.len();
-        let mut targets = vec![0i64; b * l];
         let mut gather = vec![0i64; b * w];
         for (i, s) in seqs.iter().enumerate() {
-            targets[i * l..i * l + s.completion_ids.len()].copy_from_slice(s.completion_ids);
             // Column c predicts token c + start + 1 of the full sequence,
             // which is completion token c + start + 1 - p.
             let p = s.prompt_ids.len() as i64;
@@ -1122,12 +1118,11 @@ impl SharedPrefix {
                 gather[i * w + c] = j.clamp(0, l as i64 - 1);
             }
         }
-        let (b, l, w) = (b as i64, l as i64, w as i64);
+        let (b, w) = (b as i64, w as i64);
         Some(SharedPrefix {
             prompts,
             rows,
             completions: seqs.iter().map(|s| s.completion_ids.to_vec()).collect(),
-            targets: Tensor::from_slice(&targets).view([b, l]).to_device(device),
             gather: Tensor::from_slice(&gather).view([b, w]).to_device(device),
         })
     }
@@ -1231,10 +1226,9 @@ fn batch_logprobs(policy: &Policy, mb: &MicroBatch, train: bool) -> Result<Tenso
     if let Some(sp) = &mb.prefix {
         let prompts: Vec<&[i64]> = sp.prompts.iter().map(Vec::as_slice).collect();
         let comps: Vec<&[i64]> = sp.completions.iter().map(Vec::as_slice).collect();
-        let logits = policy
+        let by_token = policy
             .model
-            .forward_shared_prefix(&prompts, &sp.rows, &comps, train)?;
-        let by_token = token_logprobs(&logits, &sp.targets);
+            .shared_prefix_logprobs(&prompts, &sp.rows, &comps, train)?;
         // Into the micro-batch's layout; columns that predict no completion
         // token are masked by every term, and 0 keeps them finite.
         let cols = by_token.gather(1, &sp.gather, false);
