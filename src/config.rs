@@ -1671,10 +1671,10 @@ pub struct TrainConfig {
     /// micro-batches are accumulated (exactly: each term keeps the whole
     /// batch's normalisation). 0 = the whole batch at once.
     pub micro_batch: usize,
-    /// In the update, run each prompt once for all the samples of its
-    /// group that share it (a micro-batch's samples of the same prompt),
-    /// instead of once per sample: the same losses and gradients up to
-    /// float rounding, less compute. The meta-loop's passes do not use it.
+    /// In the update and the meta-loop's passes, run each prompt once for
+    /// the samples of a micro-batch that share it (a GRPO group) instead of
+    /// once per sample: the same losses and gradients up to float rounding
+    /// (second-order MAML included), less compute.
     pub shared_prefix: bool,
     /// Start from the trainable weights of this checkpoint directory
     /// (`runs/NAME/step-N`, e.g. of a `falcon sft` run); its LoRA settings

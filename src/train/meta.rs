@@ -634,7 +634,15 @@ impl Trainer<'_> {
             let mb = t.micro_batch;
             let inner_loss =
                 |p: &mut Policy, sink: &mut dyn FnMut(Tensor) -> Result<(), TrainError>| {
-                    seqs_loss(p, &batch, mb, t.normalization, &t.loss, sink)
+                    seqs_loss(
+                        p,
+                        &batch,
+                        mb,
+                        t.normalization,
+                        &t.loss,
+                        t.shared_prefix,
+                        sink,
+                    )
                 };
             if m.inner_steps == 0 {
                 // No adaptation (θ_i = θ): FALCON's memories and rewards in
@@ -678,7 +686,7 @@ impl Trainer<'_> {
             let qs = qr.seqs();
             let query_loss =
                 |p: &mut Policy, sink: &mut dyn FnMut(Tensor) -> Result<(), TrainError>| {
-                    seqs_loss(p, &qs, mb, t.normalization, &t.loss, sink)
+                    seqs_loss(p, &qs, mb, t.normalization, &t.loss, t.shared_prefix, sink)
                 };
             let parts = match m.algorithm {
                 MetaAlgorithm::Reptile => {
@@ -827,8 +835,15 @@ mod tests {
                     .collect()
             };
             Data {
-                // Unequal lengths: padding and the attention mask are exercised.
-                ids: vec![(r(3, 0), r(4, 1)), (r(5, 2), r(2, 3)), (r(2, 4), r(5, 5))],
+                // Unequal lengths: padding and the attention mask are
+                // exercised; the first and last share a prompt, so whole
+                // batches take the shared-prefix path.
+                ids: vec![
+                    (r(3, 0), r(4, 1)),
+                    (r(5, 2), r(2, 3)),
+                    (r(2, 4), r(5, 5)),
+                    (r(3, 0), r(3, 6)),
+                ],
                 spans: vec![
                     vec![TokenSpan {
                         start_token: 1,
@@ -837,13 +852,14 @@ mod tests {
                     }],
                     vec![],
                     vec![],
+                    vec![],
                 ],
-                adv: vec![1.0, -0.5, 0.3 + seed as f64 * 0.1],
+                adv: vec![1.0, -0.5, 0.3 + seed as f64 * 0.1, -0.4],
             }
         }
 
         fn seqs(&self) -> Vec<UpdateSeq<'_>> {
-            (0..3)
+            (0..self.ids.len())
                 .map(|i| UpdateSeq {
                     prompt_ids: &self.ids[i].0,
                     completion_ids: &self.ids[i].1,
@@ -872,20 +888,28 @@ mod tests {
     /// The loss of `d` with weights `w`, in pieces of `size` sequences.
     fn pieces<'d>(d: &'d Data, w: &'d LossWeights, size: usize) -> impl PieceLoss + 'd {
         move |p: &mut Policy, sink: &mut dyn FnMut(Tensor) -> Result<(), TrainError>| {
-            seqs_loss(p, &d.seqs(), size, Normalization::TokenMean, w, sink)
+            seqs_loss(p, &d.seqs(), size, Normalization::TokenMean, w, true, sink)
         }
     }
 
     /// The loss of `d` as one tensor.
     fn whole(p: &mut Policy, d: &Data, w: &LossWeights) -> Tensor {
         let mut total: Option<Tensor> = None;
-        seqs_loss(p, &d.seqs(), 0, Normalization::TokenMean, w, &mut |l| {
-            total = Some(match total.take() {
-                Some(t) => t + l,
-                None => l,
-            });
-            Ok(())
-        })
+        seqs_loss(
+            p,
+            &d.seqs(),
+            0,
+            Normalization::TokenMean,
+            w,
+            true,
+            &mut |l| {
+                total = Some(match total.take() {
+                    Some(t) => t + l,
+                    None => l,
+                });
+                Ok(())
+            },
+        )
         .unwrap();
         total.unwrap()
     }

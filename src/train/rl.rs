@@ -1320,19 +1320,18 @@ fn micro_batches(
 /// up to the one-pass loss), and the summed term values, `total` included,
 /// come back. MAML's `L_inner`, whose passes then hold one micro-batch's
 /// activations at a time.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn seqs_loss(
     policy: &mut Policy,
     seqs: &[UpdateSeq],
     size: usize,
     norm: Normalization,
     w: &crate::config::LossWeights,
+    shared_prefix: bool,
     piece: &mut dyn FnMut(Tensor) -> Result<(), TrainError>,
 ) -> Result<BTreeMap<String, f64>, TrainError> {
     let mut sum: BTreeMap<String, f64> = BTreeMap::new();
-    // The meta passes keep the plain forward: second-order MAML
-    // differentiates through them twice, which the shared-prefix cache
-    // writes have not been checked for.
-    for mb in micro_batches(policy, seqs, size, norm, w.kl > 0.0, false)? {
+    for mb in micro_batches(policy, seqs, size, norm, w.kl > 0.0, shared_prefix)? {
         let logp = batch_logprobs(policy, &mb, true)?;
         let old = logp.detach();
         let (l, parts) = mb_loss(&mb, &logp, old, None, norm, w)?;
