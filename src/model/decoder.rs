@@ -291,6 +291,46 @@ fn length_chunks(lens: &[usize], cost: usize) -> Vec<(usize, usize)> {
     out
 }
 
+/// The distinct sequences of `seqs` in first-seen order, and for each
+/// sequence the index of its distinct copy: what lets a batch run a
+/// prompt that several samples share only once.
+pub fn distinct_rows<'s>(seqs: impl IntoIterator<Item = &'s [i64]>) -> (Vec<&'s [i64]>, Vec<i64>) {
+    let mut distinct: Vec<&[i64]> = Vec::new();
+    let mut rows = Vec::new();
+    for s in seqs {
+        let r = match distinct.iter().position(|d| *d == s) {
+            Some(r) => r,
+            None => {
+                distinct.push(s);
+                distinct.len() - 1
+            }
+        };
+        rows.push(r as i64);
+    }
+    (distinct, rows)
+}
+
+/// `[m, L]` ids (pad `pad`) and validity of `prompts` left-padded to the
+/// longest, so that every prompt ends in the last column.
+pub fn left_padded(prompts: &[&[i64]], pad: i64, device: Device) -> (Tensor, Tensor) {
+    let (m, l) = (
+        prompts.len(),
+        prompts.iter().map(|p| p.len()).max().unwrap_or(0),
+    );
+    let mut ids = vec![pad; m * l];
+    let mut valid = vec![false; m * l];
+    for (i, p) in prompts.iter().enumerate() {
+        let off = i * l + (l - p.len());
+        ids[off..off + p.len()].copy_from_slice(p);
+        valid[off..off + p.len()].iter_mut().for_each(|v| *v = true);
+    }
+    let shape = [m as i64, l as i64];
+    (
+        Tensor::from_slice(&ids).view(shape).to_device(device),
+        Tensor::from_slice(&valid).view(shape).to_device(device),
+    )
+}
+
 /// Per-forward attention context shared by every layer.
 struct AttnCtx {
     cos: Tensor,
@@ -801,23 +841,14 @@ impl Decoder {
         } else {
             Kind::Float
         };
-        let lp = prompts.iter().map(|p| p.len()).max().unwrap_or(1) as i64;
         let l = completions
             .iter()
             .map(|c| c.len())
             .max()
             .unwrap_or(0)
             .max(1);
-        // Prompts left-padded so that every one ends in the last column.
-        let mut ids = vec![0i64; (m * lp) as usize];
-        let mut valid = vec![false; (m * lp) as usize];
-        for (i, p) in prompts.iter().enumerate() {
-            let off = i * lp as usize + lp as usize - p.len();
-            ids[off..off + p.len()].copy_from_slice(p);
-            valid[off..off + p.len()].iter_mut().for_each(|v| *v = true);
-        }
-        let ids = Tensor::from_slice(&ids).view([m, lp]).to_device(device);
-        let valid = Tensor::from_slice(&valid).view([m, lp]).to_device(device);
+        let (ids, valid) = left_padded(prompts, 0, device);
+        let lp = ids.size()[1];
         let mut cache = KvCache::new(&self.config, m, lp + l as i64 - 1, kind, device);
         let last = self.forward(&ids, Some(&valid), Some(&mut cache), LogitsFor::Last, train)?;
         let first = last.squeeze_dim(1).log_softmax(-1, lkind);

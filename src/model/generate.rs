@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use super::decoder::{Decoder, DecoderConfig, KvCache, LogitsFor};
+use super::decoder::{distinct_rows, left_padded, Decoder, DecoderConfig, KvCache, LogitsFor};
 use super::lora;
 use super::sampling::Sampler;
 use super::tokenizer::{ChatMessage, TextTokenizer};
@@ -414,29 +414,9 @@ impl Policy {
         }
         // Identical prompts (a GRPO group's G samples) are prefilled once;
         // their cache rows and first logits are then copied per sample.
-        let mut distinct: Vec<&Vec<i64>> = Vec::new();
-        let mut row_of: Vec<i64> = Vec::with_capacity(b);
-        for p in prompts {
-            let r = match distinct.iter().position(|d| *d == p) {
-                Some(r) => r,
-                None => {
-                    distinct.push(p);
-                    distinct.len() - 1
-                }
-            };
-            row_of.push(r as i64);
-        }
+        let (distinct, row_of) = distinct_rows(prompts.iter().map(Vec::as_slice));
         let m = distinct.len();
-        let mut ids = vec![pad; m * max_len];
-        let mut valid = vec![false; m * max_len];
-        for (i, p) in distinct.iter().enumerate() {
-            let off = i * max_len + (max_len - p.len());
-            ids[off..off + p.len()].copy_from_slice(p);
-            valid[off..off + p.len()].iter_mut().for_each(|v| *v = true);
-        }
-        let shape = [m as i64, max_len as i64];
-        let ids = Tensor::from_slice(&ids).view(shape).to_device(device);
-        let valid = Tensor::from_slice(&valid).view(shape).to_device(device);
+        let (ids, valid) = left_padded(&distinct, pad, device);
         let eos_t = Tensor::from_slice(&eos.iter().copied().collect::<Vec<_>>()).to_device(device);
         if let Some(seed) = params.seed {
             tch::manual_seed(seed as i64);

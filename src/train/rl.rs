@@ -1086,19 +1086,9 @@ struct SharedPrefix {
 impl SharedPrefix {
     /// `None` when no two sequences share a prompt (nothing to save).
     fn plan(seqs: &[&UpdateSeq], start: usize, w: usize, device: Device) -> Option<Self> {
-        let mut prompts: Vec<Vec<i64>> = Vec::new();
-        let mut rows = Vec::with_capacity(seqs.len());
-        for s in seqs {
-            let r = match prompts.iter().position(|p| p.as_slice() == s.prompt_ids) {
-                Some(r) => r,
-                None => {
-                    prompts.push(s.prompt_ids.to_vec());
-                    prompts.len() - 1
-                }
-            };
-            rows.push(r as i64);
-        }
-        if prompts.len() == seqs.len() || seqs.iter().any(|s| s.prompt_ids.is_empty()) {
+        let (distinct, rows) =
+            crate::model::decoder::distinct_rows(seqs.iter().map(|s| s.prompt_ids));
+        if distinct.len() == seqs.len() || seqs.iter().any(|s| s.prompt_ids.is_empty()) {
             return None;
         }
         let l = seqs
@@ -1120,7 +1110,7 @@ impl SharedPrefix {
         }
         let (b, w) = (b as i64, w as i64);
         Some(SharedPrefix {
-            prompts,
+            prompts: distinct.iter().map(|p| p.to_vec()).collect(),
             rows,
             completions: seqs.iter().map(|s| s.completion_ids.to_vec()).collect(),
             gather: Tensor::from_slice(&gather).view([b, w]).to_device(device),
