@@ -72,6 +72,7 @@ advantage = "group_mean"
 checkpoint_every = {a.steps}
 keep_last = 1
 shared_prefix = {"true" if a.shared_prefix == "on" else "false"}
+autocast = "{a.autocast}"
 [train.loss]
 pg = 1.0
 fine = 0.0
@@ -99,6 +100,8 @@ def main():
     ap.add_argument("--skip-trl", action="store_true")
     ap.add_argument("--shared-prefix", choices=["on", "off"], default="on",
                     help="falcon's update runs each prompt once per group (on, the default) or once per sample")
+    ap.add_argument("--autocast", choices=["off", "bf16"], default="off",
+                    help="falcon's update in bf16 autocast (TRL's side stays fp32)")
     a = ap.parse_args()
     if a.steps < 2:
         sys.exit("--steps must be >= 2 (the first step is warm-up)")
@@ -115,7 +118,7 @@ def main():
     toks = statistics.median(r["tokens_generated"] for r in timed)
     print(f"model {model}; {a.prompts} prompts x {a.generations} samples, {a.max_new_tokens} max new tokens, "
           f"LoRA r={a.lora_rank} q/k/v/o, fp32, CPU, {a.threads} threads; median of {len(timed)} step(s) after 1 warm-up")
-    print(f"falcon train (shared prefix {a.shared_prefix}): {ours:7.1f} s/step  ({' '.join(f'{k} {v:.1f}' for k, v in sorted(parts.items()))}; "
+    print(f"falcon train (shared prefix {a.shared_prefix}, autocast {a.autocast}): {ours:7.1f} s/step  ({' '.join(f'{k} {v:.1f}' for k, v in sorted(parts.items()))}; "
           f"{toks:.0f} completion tokens/step)")
     result = {"falcon_step_s": ours, "falcon_parts_s": parts, "falcon_tokens_per_step": toks,
               "falcon_steps_s": step_s}

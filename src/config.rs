@@ -1676,6 +1676,11 @@ pub struct TrainConfig {
     /// once per sample: the same losses and gradients up to float rounding
     /// (second-order MAML included), less compute.
     pub shared_prefix: bool,
+    /// Mixed precision for the update's forward passes: `"bf16"` or
+    /// `"fp16"` autocast (matmuls in the low precision; weights, gradients,
+    /// optimizer state and log-softmax in fp32) on the model's device, CPU
+    /// included. The meta-loop's passes stay in the model's dtype.
+    pub autocast: Autocast,
     /// Start from the trainable weights of this checkpoint directory
     /// (`runs/NAME/step-N`, e.g. of a `falcon sft` run); its LoRA settings
     /// must match `[model.lora]`.
@@ -1715,12 +1720,24 @@ impl Default for TrainConfig {
             clip_eps: 0.2,
             micro_batch: 0,
             shared_prefix: true,
+            autocast: Autocast::Off,
             init_from: None,
             eval_before: false,
             eval_after: false,
             max_minutes: 0.0,
         }
     }
+}
+
+/// `[train] autocast`: mixed precision of the update.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Autocast {
+    /// The model's own dtype throughout.
+    #[default]
+    Off,
+    Bf16,
+    Fp16,
 }
 
 /// How the meta-update of FALCON's Algorithm 1 uses the adapted weights.

@@ -6,6 +6,7 @@
 //! Parameter names in the `VarStore` are the HF safetensors keys, so loading
 //! and exporting need no renaming table (STYLE.md §1).
 
+pub mod autocast;
 pub mod decoder;
 pub mod device;
 pub mod export;

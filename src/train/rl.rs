@@ -31,6 +31,7 @@ use crate::exec::{ExecReport, RewardClass, Sandbox};
 use crate::fsutil::WriteError;
 use crate::memory::stats::ErrorStats;
 use crate::memory::ShortTerm;
+use crate::model::autocast::{kind_of, with_autocast};
 use crate::model::{weights, ChatMessage, Completion, Generator, ModelError, Policy};
 use crate::reward::{
     code_in_completion, composite, error_line_spans, judge_from_config,
@@ -1348,14 +1349,18 @@ impl Trainer<'_> {
         w: &crate::config::LossWeights,
     ) -> Result<(BTreeMap<String, f64>, f64), TrainError> {
         let t = self.cfg.train.clone();
-        let mut micro = micro_batches(
-            self.policy,
-            seqs,
-            t.micro_batch,
-            t.normalization,
-            w.kl > 0.0,
-            t.shared_prefix,
-        )?;
+        // Forward passes only: backward replays the dtypes they recorded.
+        let (dev, ac) = (self.policy.device(), kind_of(t.autocast));
+        let mut micro = with_autocast(dev, ac, || {
+            micro_batches(
+                self.policy,
+                seqs,
+                t.micro_batch,
+                t.normalization,
+                w.kl > 0.0,
+                t.shared_prefix,
+            )
+        })??;
         let clip = (t.ppo_epochs > 1).then_some(t.clip_eps);
         let params = trainable(self.policy);
         let mut first: Option<(BTreeMap<String, f64>, f64)> = None;
@@ -1363,7 +1368,7 @@ impl Trainer<'_> {
             zero_grad(&params);
             let mut loss: BTreeMap<String, f64> = BTreeMap::new();
             for mb in micro.iter_mut() {
-                let logp = batch_logprobs(self.policy, mb, true)?;
+                let logp = with_autocast(dev, ac, || batch_logprobs(self.policy, mb, true))??;
                 let old = mb.old.get_or_insert_with(|| logp.detach()).shallow_clone();
                 let (total, parts) = mb_loss(mb, &logp, old, clip, t.normalization, w)?;
                 *loss.entry("total".into()).or_insert(0.0) += total.double_value(&[]);
