@@ -1473,7 +1473,7 @@ fn memory_prompts(
         ))
         .into());
     }
-    let device = falcon_rl::train::rl::device_of(cfg);
+    let device = falcon_rl::model::device::device_of(cfg);
     let embedder = embedder_from_config(&cfg.memory, device)?;
     let index = index_from_config(&cfg.memory, embedder.dim(), device)?;
     let mut lt = LongTerm::with_store(MemoryStore::open(run_dir)?, embedder.as_ref(), index)?;

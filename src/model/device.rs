@@ -85,6 +85,12 @@ fn dlopen_global(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The device a run config asks for, after `auto` (CPU when the asked-for
+/// device is not there; loading the model reports that case).
+pub fn device_of(cfg: &crate::config::RunConfig) -> Device {
+    parse_device(&cfg.model.device.to_string()).unwrap_or(Device::Cpu)
+}
+
 /// Parse a device string: `auto` (CUDA when present, else CPU), `cpu`,
 /// `cuda` or `cuda:N`.
 pub fn parse_device(spec: &str) -> Result<Device, ModelError> {

@@ -117,7 +117,7 @@ impl DocStrategy {
             )));
         };
         let docs = load_api_docs(path)?;
-        let embedder = embedder_from_config(&cfg.memory, crate::train::rl::device_of(cfg))?;
+        let embedder = embedder_from_config(&cfg.memory, crate::model::device::device_of(cfg))?;
         let sizes = DocSizes {
             k_doc: cfg.memory.k_doc,
             k_task: cfg.memory.k_task,

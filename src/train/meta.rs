@@ -297,7 +297,7 @@ impl MetaMemory {
     /// Open the memories of `run_dir`, forgetting long-term rows of steps
     /// after `step` (an interrupted future that a resume repeats).
     pub fn open(cfg: &RunConfig, run_dir: &Path, step: u64) -> Result<Self, TrainError> {
-        let device = super::rl::device_of(cfg);
+        let device = crate::model::device::device_of(cfg);
         let mem = |e: MemoryError| TrainError::Invalid(format!("memory: {e}"));
         let short_term = ShortTerm::new(
             cfg.memory.short_term_capacity,

@@ -1391,11 +1391,6 @@ impl Trainer<'_> {
     }
 }
 
-/// The device a run config asks for, after `auto`.
-pub fn device_of(cfg: &RunConfig) -> Device {
-    crate::model::device::parse_device(&cfg.model.device.to_string()).unwrap_or(Device::Cpu)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
