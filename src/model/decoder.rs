@@ -258,6 +258,31 @@ impl KvCache {
     }
 }
 
+/// `log p(targets)` under `logits`: `[.., V]` logits and `[..]` i64 ids
+/// (e.g. `[B, T, V]` and `[B, T]`) give `[..]` f32 log-probabilities (`logits[:, t]` must already be the
+/// prediction for `targets[:, t]`).
+///
+/// Computed in f32 whatever the logits' dtype: bf16 keeps 8 significant
+/// bits (relative rounding 2⁻⁹), so a bf16 log-softmax puts a log-prob near
+/// −20 off by ~0.04: the PPO ratio `exp(logp − old)` would then sit a few
+/// percent away from 1 for identical policies, and Eq. 2's `log p` weights
+/// would carry that noise into every gradient. The cast materialises an f32
+/// copy of the logits (and autograd keeps the f32 log-softmax): `4·B·T·V`
+/// bytes each, so callers with long sequences and large vocabularies call
+/// this on chunks of `T`.
+pub fn token_logprobs(logits: &Tensor, targets: &Tensor) -> Tensor {
+    // At least fp32; a double-precision model (gradient checks) stays double.
+    let kind = if logits.kind() == Kind::Double {
+        Kind::Double
+    } else {
+        Kind::Float
+    };
+    logits
+        .log_softmax(-1, kind)
+        .gather(-1, &targets.unsqueeze(-1), false)
+        .squeeze_dim(-1)
+}
+
 /// What one more forward pass costs in shared-prefix scoring, in padded
 /// token positions: completions are split into another length chunk only
 /// when that saves more padding than this.
@@ -836,11 +861,6 @@ impl Decoder {
             ));
         }
         let kind = self.embed_tokens.kind();
-        let lkind = if kind == Kind::Double {
-            Kind::Double
-        } else {
-            Kind::Float
-        };
         let l = completions
             .iter()
             .map(|c| c.len())
@@ -851,7 +871,7 @@ impl Decoder {
         let lp = ids.size()[1];
         let mut cache = KvCache::new(&self.config, m, lp + l as i64 - 1, kind, device);
         let last = self.forward(&ids, Some(&valid), Some(&mut cache), LogitsFor::Last, train)?;
-        let first = last.squeeze_dim(1).log_softmax(-1, lkind);
+        let last = last.squeeze_dim(1);
 
         let mut values: Vec<Tensor> = Vec::new();
         let mut dest: Vec<i64> = Vec::new();
@@ -861,12 +881,7 @@ impl Decoder {
             let tok: Vec<i64> = starting.iter().map(|&i| completions[i][0]).collect();
             let src = Tensor::from_slice(&src).to_device(device);
             let tok = Tensor::from_slice(&tok).to_device(device);
-            values.push(
-                first
-                    .index_select(0, &src)
-                    .gather(1, &tok.unsqueeze(1), false)
-                    .squeeze_dim(1),
-            );
+            values.push(token_logprobs(&last.index_select(0, &src), &tok));
             dest.extend(starting.iter().map(|&i| (i * l) as i64));
         }
         // Rows with a second token, longest first, in chunks of similar length.
@@ -902,14 +917,11 @@ impl Decoder {
             let sel = Tensor::from_slice(&sel).to_device(device);
             let tgt = Tensor::from_slice(&tgt).to_device(device);
             let hs = h.reshape([bc * t, d]).index_select(0, &sel);
-            values.push(
-                self.project(&hs)
-                    .log_softmax(-1, lkind)
-                    .gather(1, &tgt.unsqueeze(1), false)
-                    .squeeze_dim(1),
-            );
+            values.push(token_logprobs(&self.project(&hs), &tgt));
         }
-        let out = Tensor::zeros([(b * l) as i64], (lkind, device));
+        // token_logprobs' kind (f32, or f64 for an f64 model).
+        let out_kind = values.first().map_or(Kind::Float, Tensor::kind);
+        let out = Tensor::zeros([(b * l) as i64], (out_kind, device));
         let out = if values.is_empty() {
             out
         } else {

@@ -1,7 +1,9 @@
 //! The policy model: a decoder LM for the Qwen2 and Llama families on libtorch
 //! (through `tch`), HF checkpoint loading and export, LoRA, the tokenizer with
-//! its chat template, batched sampling with a caller-owned KV cache, and the
-//! [`Generator`] trait that rollouts and judges call.
+//! its chat template, batched sampling with a caller-owned KV cache,
+//! shared-prefix scoring of completions (`Decoder::shared_prefix_logprobs`),
+//! mixed precision (`autocast`), and the [`Generator`] trait that rollouts
+//! and judges call.
 //!
 //! Parameter names in the `VarStore` are the HF safetensors keys, so loading
 //! and exporting need no renaming table (STYLE.md §1).

@@ -111,30 +111,7 @@ pub enum Normalization {
     SequenceMean,
 }
 
-/// `log p(targets)` under `logits`: `[B, T, V]` logits and `[B, T]` i64 ids
-/// give `[B, T]` f32 log-probabilities (`logits[:, t]` must already be the
-/// prediction for `targets[:, t]`).
-///
-/// Computed in f32 whatever the logits' dtype: bf16 keeps 8 significant
-/// bits (relative rounding 2⁻⁹), so a bf16 log-softmax puts a log-prob near
-/// −20 off by ~0.04: the PPO ratio `exp(logp − old)` would then sit a few
-/// percent away from 1 for identical policies, and Eq. 2's `log p` weights
-/// would carry that noise into every gradient. The cast materialises an f32
-/// copy of the logits (and autograd keeps the f32 log-softmax): `4·B·T·V`
-/// bytes each, so callers with long sequences and large vocabularies call
-/// this on chunks of `T`.
-pub fn token_logprobs(logits: &Tensor, targets: &Tensor) -> Tensor {
-    // At least fp32; a double-precision model (gradient checks) stays double.
-    let kind = if logits.kind() == Kind::Double {
-        Kind::Double
-    } else {
-        Kind::Float
-    };
-    logits
-        .log_softmax(-1, kind)
-        .gather(-1, &targets.unsqueeze(-1), false)
-        .squeeze_dim(-1)
-}
+pub use crate::model::decoder::token_logprobs;
 
 /// The policy-gradient surrogate: `−mean(A · ratio)` over masked tokens,
 /// `ratio = exp(logp − old_logprobs)`.
