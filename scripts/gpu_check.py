@@ -10,6 +10,9 @@
    ignored) for both, and falcon's achieved memory bandwidth at batch 1:
    bytes of weights read per decode step x steps/s, against the 4.3 TB/s a
    device-to-device copy reaches on this GPU.
+4. Training on CUDA with LoRA (fp32 weights): two GRPO steps plain, two under bf16 autocast,
+   and two second-order MAML meta-steps; each must finish with finite losses. Reports the
+   median step time and the process's peak GPU memory (nvidia-smi, polled).
 Ends with one table. Designed to finish in well under 5 minutes.
 """
 
@@ -80,6 +83,79 @@ def falcon_tps(bin_, model, batch, n):
     s = json.loads(r.stdout.strip().splitlines()[-1])["summary"]
     assert s["new_tokens"] == batch * n, s
     return s["tokens_per_second"]
+
+
+TRAIN_CASES = [
+    ("GRPO step fp32", "", ""),
+    ("GRPO step bf16 autocast", 'autocast = "bf16"\n', ""),
+    ("MAML meta-step (2nd order)", "",
+     '[meta]\nalgorithm = "maml"\ninner_steps = 1\nshort_term_samples = 2\nlong_term = false\n'
+     'long_term_demos = 0\n'),
+]
+
+
+def train_config(name, model, work, train_extra, meta):
+    return f"""[run]
+name = "{name}"
+seed = 1
+output_dir = {json.dumps(work)}
+[model]
+path = {json.dumps(model)}
+dtype = "fp32"
+device = "cuda"
+[model.lora]
+enabled = true
+rank = 16
+alpha = 32.0
+targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+[generation]
+max_new_tokens = 64
+temperature = 1.0
+[tasks]
+path = "data/easy_python.jsonl"
+tags = ["train"]
+[memory]
+embedder = "hash"
+[train]
+steps = 2
+tasks_per_step = 4
+group_size = 4
+lr = 1e-4
+checkpoint_every = 100
+eval_after = false
+{train_extra}{meta}"""
+
+
+def gpu_mib_of(pid):
+    r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                        "--format=csv,noheader,nounits"], capture_output=True, text=True)
+    for line in r.stdout.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 2 and parts[0] == str(pid) and parts[1].isdigit():
+            return int(parts[1])
+    return 0
+
+
+def train_check(bin_, model, work, label, train_extra, meta):
+    """Runs `falcon train` for two steps; returns (median s/step, peak MiB, losses finite)."""
+    name = "train-" + "".join(c if c.isalnum() else "-" for c in label.lower())
+    cfg = os.path.join(work, name + ".toml")
+    with open(cfg, "w") as f:
+        f.write(train_config(name, model, work, train_extra, meta))
+    proc = subprocess.Popen([bin_, "train", "--config", cfg], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, gpu_mib_of(proc.pid))
+        time.sleep(0.5)
+    err = proc.stderr.read()
+    if proc.returncode != 0:
+        raise RuntimeError(f"falcon train ({label}) failed:\n{err[-3000:]}")
+    metrics = [json.loads(l) for l in open(os.path.join(work, name, "metrics.jsonl"))]
+    losses = [v for m in metrics for v in m["loss"].values()]
+    finite = len(metrics) == 2 and all(v == v and abs(v) != float("inf") for v in losses)
+    secs = sorted(sum(m["seconds"].values()) for m in metrics)
+    return secs[len(secs) // 2], peak, finite
 
 
 def hf_tps(model, enc, n, batch):
@@ -170,6 +246,18 @@ def main():
       bw = weight_bytes * speed[1] / 1e12
       rows.append(("bandwidth", "batch 1", f"{bw:.2f} TB/s ({weight_bytes / 1e9:.2f} GB x {speed[1]:.0f} steps/s)",
                    f"vs {COPY_TBPS} TB/s copy", f"{100 * bw / COPY_TBPS:.1f}%"))
+
+    del model
+    torch.cuda.empty_cache()
+    for label, train_extra, meta in TRAIN_CASES:
+      try:
+        secs, peak, finite = train_check(a.bin, md, a.work, label, train_extra, meta)
+        rows.append(("train LoRA r16", label, f"{secs:.2f} s/step (4 tasks x 4 samples, 64 tokens)",
+                     f"peak GPU {peak} MiB", "ok" if finite else "FAIL (non-finite loss)"))
+        log(rows[-1])
+      except Exception as e:
+        rows.append(("train LoRA r16", label, "error", str(e).strip().splitlines()[-1][:120], "FAIL"))
+        log(f"train {label} failed: {e}")
 
     print(f"\n## falcon gpu-check ({torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"{time.time() - t_start:.0f}s)\n")
