@@ -4,6 +4,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -12,12 +13,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "runs", "bench-learning")
 SFT = os.path.join(ROOT, "runs", "demo-sft", "step-20")
 
+# The fine-grained loss's weight. At 1.0 it is unbounded below and collapsed an arm to
+# pass@1 0 within 10 steps (docs/train.md, "What we measured"); 0.1 keeps it a nudge.
+FINE = 0.1
+
 ARMS = {
     "a": ("initial (SFT)", None),
     "b": ("PG, unit tests only", dict(meta="off", rewards="tests", fine=0.0, sl=0.0, long_term=True, inner=1)),
-    "c": ("FALCON", dict(meta=None, rewards="all", fine=1.0, sl=0.1, long_term=True, inner=1)),
-    "d": ("FALCON - long-term memory", dict(meta=None, rewards="all", fine=1.0, sl=0.1, long_term=False, inner=1)),
-    "e": ("FALCON - meta-loop", dict(meta="fomaml", rewards="all", fine=1.0, sl=0.1, long_term=True, inner=0)),
+    "c": ("FALCON", dict(meta=None, rewards="all", fine=FINE, sl=0.1, long_term=True, inner=1)),
+    "d": ("FALCON - long-term memory", dict(meta=None, rewards="all", fine=FINE, sl=0.1, long_term=False, inner=1)),
+    "e": ("FALCON - meta-loop", dict(meta="fomaml", rewards="all", fine=FINE, sl=0.1, long_term=True, inner=0)),
 }
 
 
@@ -66,7 +71,7 @@ embedder = "hash"
 steps = 100000
 tasks_per_step = 4
 group_size = 6
-lr = 5e-4
+lr = {a.lr}
 warmup_steps = 2
 schedule = "constant"
 advantage = "group_mean"
@@ -131,13 +136,17 @@ def mcnemar(x, y):
 
 
 def main():
+    global OUT
     ap = argparse.ArgumentParser()
     ap.add_argument("--minutes", type=float, default=60.0, help="training budget per arm")
     ap.add_argument("--n", type=int, default=10, help="held-out samples per task")
     ap.add_argument("--arms", default="abcde")
     ap.add_argument("--algorithm", default="fomaml", choices=["maml", "fomaml", "reptile"])
     ap.add_argument("--inner-lr", type=float, default=1.0)
+    ap.add_argument("--lr", type=float, default=5e-4, help="[train] lr (the outer rate β in meta arms)")
+    ap.add_argument("--out", default=OUT, help="results directory (finished arms there are not rerun)")
     a = ap.parse_args()
+    OUT = os.path.abspath(a.out)
     if a.n < 5:
         sys.exit("--n must be >= 5 (pass@5)")
     if not os.path.isdir(SFT):
@@ -150,7 +159,7 @@ def main():
             print(f"arm {arm}: {ARMS[arm][0]} ({a.minutes} min budget)", file=sys.stderr)
             results[arm] = run_arm(arm, a)
     lines = [f"Held-out easy Python tasks (20), n = {a.n} samples per task at T = 0.8, "
-             f"training budget {a.minutes} min per arm on this machine, meta = {a.algorithm}", "",
+             f"training budget {a.minutes} min per arm on this machine, lr {a.lr}, meta = {a.algorithm}", "",
              "| arm | | steps | pass@1 | pass@5 | exec@1 | vs c: only c / only arm, McNemar p |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for arm, r in results.items():
@@ -168,6 +177,18 @@ def main():
     print(text)
     with open(os.path.join(OUT, "summary.md"), "w") as f:
         f.write(text + "\n")
+    # Plots: held-out pass@k bars of every arm side by side (from copies of their final
+    # evaluations, named by arm), and each trained arm's own curves.
+    evals = os.path.join(OUT, "evals")
+    os.makedirs(evals, exist_ok=True)
+    for arm, r in results.items():
+        shutil.copyfile(r["eval"], os.path.join(evals, f"{arm}-{re.sub(r'[^A-Za-z0-9]+', '-', ARMS[arm][0]).strip('-')}.json"))
+    falcon("report", evals, "--out", os.path.join(OUT, "report"))
+    for arm, r in results.items():
+        if r["steps"]:
+            falcon("report", os.path.join(OUT, f"bench-learning-{arm}"))
+    print(f"plots: {os.path.join(OUT, 'report', 'index.html')} and "
+          f"{os.path.join(OUT, 'bench-learning-*', 'report', 'index.html')}")
 
 
 if __name__ == "__main__":
