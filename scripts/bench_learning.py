@@ -116,7 +116,10 @@ def run_arm(arm, a):
         falcon("eval", "--config", cpath, "--checkpoint", SFT, "--out", out)
         steps, curve = 0, []
     else:
-        falcon("train", "--config", cpath)
+        # An arm killed part-way resumes from its last checkpoint; the budget
+        # ([train] max_minutes) counts over resumes, so it still gets no more.
+        started = any(n.startswith("step-") for n in os.listdir(d))
+        falcon("train", "--config", cpath, *(["--resume"] if started else []))
         metrics = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))]
         steps = len(metrics)
         curve = [round(m["pass_rate"], 3) for m in metrics]

@@ -1690,8 +1690,9 @@ pub struct TrainConfig {
     pub eval_before: bool,
     pub eval_after: bool,
     /// Stop (with a checkpoint, then `eval_after`) after the step during
-    /// which this many minutes of this session have passed; 0 = no limit.
-    /// For comparisons at equal wall-clock budgets.
+    /// which this many minutes of training have passed, counted over all
+    /// the sessions of a resumed run; 0 = no limit. For comparisons at
+    /// equal wall-clock budgets.
     pub max_minutes: f64,
 }
 

@@ -757,6 +757,24 @@ fn a_time_budget_stops_with_a_checkpoint() {
         .path()
         .join("runs/budget/step-1/manifest.json")
         .is_file());
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("runs/budget/step-1/trainer_state.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(state["train_seconds"].as_f64().unwrap() > 0.0, "{state}");
+    // The budget is the run's, not the session's: resuming a spent run
+    // trains nothing more.
+    let (again, _) = run_with(dir.path(), 5, true, "budget", Mode::Rl, |c| {
+        c.train.max_minutes = 1e-9;
+    });
+    assert!(again.is_empty(), "{} steps after the budget", again.len());
+    assert!(!dir.path().join("runs/budget/step-2").exists());
+    // Lifting the budget trains the rest.
+    let (rest, _) = run_with(dir.path(), 5, true, "budget", Mode::Rl, |c| {
+        c.train.max_minutes = 0.0;
+    });
+    assert_eq!(rest.len(), 4, "steps 2..=5");
+    assert!(dir.path().join("runs/budget/step-5").is_dir());
 }
 
 /// `[train] strategy = "memocoder"`: the policy learns from the repair

@@ -77,6 +77,11 @@ struct TrainerState {
     /// `rl` or `sft`; a checkpoint resumes only in its own mode.
     #[serde(default = "rl_mode")]
     mode: Mode,
+    /// Seconds spent in the training loop up to this checkpoint, summed over
+    /// the sessions that resumed it, so `[train] max_minutes` is one budget
+    /// however often the run is killed and resumed (0 in older checkpoints).
+    #[serde(default)]
+    train_seconds: f64,
 }
 
 fn rl_mode() -> Mode {
@@ -255,6 +260,8 @@ pub struct Trainer<'a> {
     error_stats: ErrorStats,
     judge: Box<dyn Judge>,
     pub(super) step: u64,
+    /// Training-loop seconds behind `step` (see [`TrainerState`]).
+    train_seconds: f64,
     mode: Mode,
     eval_tasks: Option<&'a TaskSet>,
     /// Meta-RL runs only.
@@ -348,6 +355,7 @@ impl<'a> Trainer<'a> {
             error_stats,
             judge,
             step: 0,
+            train_seconds: 0.0,
             mode,
             eval_tasks: None,
             memory: None,
@@ -467,6 +475,7 @@ impl<'a> Trainer<'a> {
             )));
         }
         self.step = st.step;
+        self.train_seconds = st.train_seconds;
         self.error_stats = st.error_stats;
         Ok(())
     }
@@ -479,6 +488,7 @@ impl<'a> Trainer<'a> {
             seed: self.cfg.run.seed,
             error_stats: self.error_stats.clone(),
             mode: self.mode,
+            train_seconds: self.train_seconds,
         };
         let cfg_text =
             toml::to_string(&self.cfg).map_err(|e| TrainError::Invalid(format!("config: {e}")))?;
@@ -521,13 +531,25 @@ impl<'a> Trainer<'a> {
         if self.cfg.train.eval_before && self.step == 0 {
             self.evaluate_into(&mut events, observer)?;
         }
-        // The time budget counts training only, not the evaluation before.
+        // The time budget counts training only, not the evaluation before,
+        // and carries over resumes: time since the last checkpoint of a killed
+        // session is lost along with its steps, which are redone.
         let session = Instant::now();
+        let before = self.train_seconds;
+        let budget = self.cfg.train.max_minutes;
+        let spent = |secs: f64| budget > 0.0 && secs >= budget * 60.0;
+        if spent(before) && self.step < steps {
+            observer.on_message(&format!(
+                "the {budget} minute budget ([train] max_minutes) was spent before this session \
+                 ({before:.0} s of training up to step {}); nothing left to train",
+                self.step
+            ));
+        }
         observer.on_start(self.step, steps);
         let mut metrics = JsonlWriter::open(&self.run_dir.join("metrics.jsonl"))?;
         let mut samples_log = JsonlWriter::open(&self.run_dir.join("samples.jsonl"))?;
         let mut out = Vec::new();
-        while self.step < steps {
+        while self.step < steps && !spent(self.train_seconds) {
             let rec = match self.mode {
                 Mode::Rl if self.memory.is_some() => self.meta_step(&mut samples_log)?,
                 Mode::Rl => self.one_step(&mut samples_log)?,
@@ -545,9 +567,9 @@ impl<'a> Trainer<'a> {
             observer.on_step(&rec);
             out.push(rec);
             self.step += 1;
+            self.train_seconds = before + session.elapsed().as_secs_f64();
             let every = self.cfg.train.checkpoint_every;
-            let budget = self.cfg.train.max_minutes;
-            let out_of_time = budget > 0.0 && session.elapsed().as_secs_f64() >= budget * 60.0;
+            let out_of_time = spent(self.train_seconds);
             if self.step.is_multiple_of(every) || self.step == steps || out_of_time {
                 let d = self.save_checkpoint()?;
                 observer.on_message(&format!("checkpoint {}", d.display()));
