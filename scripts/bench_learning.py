@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+from benchcfg import run_header
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "runs", "bench-learning")
 SFT = os.path.join(ROOT, "runs", "demo-sft", "step-20")
@@ -39,21 +41,7 @@ short_term_samples = 2
 long_term = {str(spec['long_term']).lower()}
 long_term_demos = {1 if spec['long_term'] else 0}
 """
-    return f"""
-[run]
-name = "{name}"
-seed = 1
-output_dir = {json.dumps(OUT)}
-[model]
-path = "embedded:smollm2-135m-instruct"
-dtype = "fp32"
-device = "cpu"
-[model.lora]
-enabled = true
-rank = 16
-alpha = 32.0
-targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
-[generation]
+    return run_header(name, OUT, "embedded:smollm2-135m-instruct") + f"""[generation]
 max_new_tokens = 128
 temperature = 0.8
 top_p = 0.95

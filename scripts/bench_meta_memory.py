@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+from benchcfg import run_header
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK_IDS = ["easy/add", "easy/is_even", "easy/reverse_string", "easy/factorial"]
 
@@ -58,22 +60,7 @@ def config(work, name, a, meta, micro_batch=0):
         f"long_term_demos = {1 if a.long_term else 0}\nquery_size = {a.group}\n"
         if meta else ""
     )
-    return f"""
-[run]
-name = "{name}"
-seed = 1
-output_dir = {json.dumps(os.path.join(work, "runs"))}
-[model]
-path = "embedded"
-dtype = "fp32"
-device = "cpu"
-[model.lora]
-enabled = true
-rank = 16
-alpha = 32.0
-dropout = 0.0
-targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
-[generation]
+    return run_header(name, os.path.join(work, "runs"), "embedded", dropout=0.0) + f"""[generation]
 max_new_tokens = {a.max_new_tokens}
 temperature = 1.0
 [tasks]

@@ -22,6 +22,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from bench_generate import resolve_model  # noqa: E402  (falcon resolves/converts the model once)
+from benchcfg import run_header  # noqa: E402
 TASK_IDS = ["easy/add", "easy/is_even", "easy/reverse_string", "easy/factorial"]
 
 
@@ -39,22 +40,8 @@ def falcon_side(a, model, work):
     with open(tpath, "w") as f:
         for t in tasks:
             f.write(json.dumps(t) + "\n")
-    cfg = f"""
-[run]
-name = "bench"
-seed = {a.seed}
-output_dir = {json.dumps(os.path.join(work, "runs"))}
-[model]
-path = {json.dumps(model)}
-dtype = "fp32"
-device = "cpu"
-[model.lora]
-enabled = true
-rank = {a.lora_rank}
-alpha = {2.0 * a.lora_rank}
-dropout = 0.0
-targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
-[generation]
+    cfg = run_header("bench", os.path.join(work, "runs"), model, seed=a.seed, lora_rank=a.lora_rank,
+                     dropout=0.0) + f"""[generation]
 max_new_tokens = {a.max_new_tokens}
 temperature = 1.0
 [tasks]

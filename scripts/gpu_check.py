@@ -30,6 +30,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from benchcfg import run_header
+
 COPY_TBPS = 4.3
 PROMPT = "def quicksort(xs):\n    \"\"\"Sort a list of integers in ascending order.\"\"\"\n"
 
@@ -97,20 +99,7 @@ TRAIN_CASES = [
 
 
 def train_config(name, model, work, train_extra, meta):
-    return f"""[run]
-name = "{name}"
-seed = 1
-output_dir = {json.dumps(work)}
-[model]
-path = {json.dumps(model)}
-dtype = "fp32"
-device = "cuda"
-[model.lora]
-enabled = true
-rank = 16
-alpha = 32.0
-targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
-[generation]
+    return run_header(name, work, model, device="cuda") + f"""[generation]
 max_new_tokens = 64
 temperature = 1.0
 [tasks]

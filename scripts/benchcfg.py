@@ -1,0 +1,25 @@
+"""The run-config header the bench and check scripts share: [run], [model] and a LoRA
+adapter on the attention projections. Each script appends its own sections."""
+import json
+
+
+def run_header(name, output_dir, model, *, seed=1, device="cpu", lora_rank=16, dropout=None):
+    """[run], [model] (fp32) and [model.lora] (rank R, alpha 2R, q/k/v/o) as TOML."""
+    lines = [
+        "[run]",
+        f"name = {json.dumps(name)}",
+        f"seed = {seed}",
+        f"output_dir = {json.dumps(output_dir)}",
+        "[model]",
+        f"path = {json.dumps(model)}",
+        'dtype = "fp32"',
+        f"device = {json.dumps(device)}",
+        "[model.lora]",
+        "enabled = true",
+        f"rank = {lora_rank}",
+        f"alpha = {2.0 * lora_rank}",
+    ]
+    if dropout is not None:
+        lines.append(f"dropout = {dropout}")
+    lines.append('targets = ["q_proj", "k_proj", "v_proj", "o_proj"]')
+    return "\n".join(lines) + "\n"
