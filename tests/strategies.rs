@@ -551,6 +551,27 @@ fn memcoder_stream_retrieves_injects_and_evolves_at_each_step() {
     assert_eq!(s.memory().tasks().len(), 3);
     // One task prompt per task, one API prompt per used API.
     assert_eq!(refl.seen().len(), 3 + 3);
+    // Each task's first sample carries the reflector's answers and what
+    // became of them, so a refused answer can be read in the results.
+    let fate = |t: usize| -> Vec<(&str, &str)> {
+        r.tasks[t].samples[0]
+            .reflections
+            .iter()
+            .map(|x| (x.target.as_str(), x.result.as_str()))
+            .collect()
+    };
+    assert_eq!(fate(0), [("task", "guideline"), ("math.gcd", "add #1")]);
+    assert_eq!(fate(1), [("task", "guideline"), ("math.gcd", "add #2")]);
+    assert_eq!(fate(2), [("task", "guideline"), ("math.sqrt", "discard")]);
+    assert!(r.tasks[2].samples[0].reflections[1]
+        .answer
+        .contains("ACTION: DISCARD"));
+    assert!(r
+        .tasks
+        .iter()
+        .all(|t| t.samples[1..].iter().all(|s| s.reflections.is_empty())));
+    let line = serde_json::to_string(&r.tasks[0]).unwrap();
+    assert!(line.contains("\"reflections\""), "{line}");
 }
 
 /// A trainer checkpoints MEMCoder (and Accum) between steps: a strategy

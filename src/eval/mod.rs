@@ -87,6 +87,10 @@ pub struct SampleResult {
     /// on all tests.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<String>,
+    /// The reflector's answers about this sample and what the memory made
+    /// of each (MEMCoder, a task's first sample); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reflections: Vec<crate::rollout::ReflectionRecord>,
 }
 
 /// Error transition matrix across repair iterations (MemoCoder §3.3):
@@ -369,6 +373,7 @@ pub fn evaluate_strategy(
                 passed,
                 executed,
                 attempts: s.attempts,
+                reflections: s.reflections,
             });
         }
         results.push(tr);
@@ -453,6 +458,7 @@ mod tests {
                 passed,
                 executed: true,
                 attempts: Vec::new(),
+                reflections: Vec::new(),
             }],
         }
     }

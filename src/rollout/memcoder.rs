@@ -23,7 +23,7 @@ use crate::memory::{embedder_from_config, Embedder, ExactIndex, VectorIndex};
 use crate::task::Task;
 
 use super::name_hint;
-use super::solve::{code_of, Env, RolloutError, Solution, Strategy};
+use super::solve::{code_of, Env, ReflectionRecord, RolloutError, Solution, Strategy};
 
 /// Which of the documentation strategies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,10 +246,11 @@ impl DocStrategy {
         code: &str,
         report: &crate::exec::ExecReport,
         log: &mut StepLog,
-    ) -> Result<(), RolloutError> {
+    ) -> Result<Vec<ReflectionRecord>, RolloutError> {
+        let mut records = Vec::new();
         if report.outcome.is_none() {
             // No signal about the sample: nothing to learn from.
-            return Ok(());
+            return Ok(records);
         }
         match self.mode {
             DocMode::Rag => {}
@@ -298,6 +299,35 @@ impl DocStrategy {
                     task_answer,
                     api_memory.then_some(api_refs.as_slice()),
                 )?;
+                if let Some(a) = task_answer {
+                    records.push(ReflectionRecord {
+                        target: "task".into(),
+                        result: if summary.task_guideline {
+                            "guideline"
+                        } else {
+                            "unparseable"
+                        }
+                        .into(),
+                        answer: a.to_owned(),
+                    });
+                }
+                for (o, a) in summary.apis.iter().zip(api_answers) {
+                    use crate::memory::memcoder::Reflection;
+                    let result = match (&o.reflection, o.added_id) {
+                        (None, _) => "unparseable".to_string(),
+                        (Some(Reflection::Discard), _) => "discard".into(),
+                        (Some(Reflection::Delete { guideline_id }), _) => {
+                            format!("delete #{guideline_id}")
+                        }
+                        (Some(Reflection::Add { .. }), Some(id)) => format!("add #{id}"),
+                        (Some(Reflection::Add { .. }), None) => "repeat".into(),
+                    };
+                    records.push(ReflectionRecord {
+                        target: o.api.clone(),
+                        result,
+                        answer: a.clone(),
+                    });
+                }
                 log.added_guidelines = summary
                     .apis
                     .iter()
@@ -310,7 +340,7 @@ impl DocStrategy {
                 }
             }
         }
-        Ok(())
+        Ok(records)
     }
 }
 
@@ -347,7 +377,7 @@ impl Strategy for DocStrategy {
             let jobs: Vec<(&Task, &str)> = codes.iter().map(|c| (*task, *c)).collect();
             let reports = env.sandbox.run_batch(&jobs);
             log.passed = reports[0].outcome == Some(crate::exec::RewardClass::Pass);
-            self.evolve(env, task, codes[0], &reports[0], &mut log)?;
+            let mut reflections = self.evolve(env, task, codes[0], &reports[0], &mut log)?;
             if self.keep_log {
                 self.log.push(log);
             }
@@ -359,6 +389,8 @@ impl Strategy for DocStrategy {
                         completion: c,
                         attempts: Vec::new(),
                         report: Some(r),
+                        // The memory evolved from the first sample.
+                        reflections: std::mem::take(&mut reflections),
                     })
                     .collect(),
             );

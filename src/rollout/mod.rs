@@ -12,7 +12,7 @@ pub mod memcoder;
 pub mod repair;
 pub mod solve;
 
-pub use solve::{Env, RolloutError, Solution, Strategy};
+pub use solve::{Env, ReflectionRecord, RolloutError, Solution, Strategy};
 
 use crate::config::{RunConfig, StrategyKind};
 

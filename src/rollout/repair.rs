@@ -449,6 +449,7 @@ impl Strategy for Repair {
                 completion: s.completion,
                 attempts: s.attempts,
                 report: None,
+                reflections: Vec::new(),
             });
         }
         Ok(out)

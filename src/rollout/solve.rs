@@ -123,6 +123,21 @@ pub struct Solution {
     /// The final code's run on all tests, when the strategy needed it
     /// anyway (MEMCoder evolves from it); the evaluation runs it otherwise.
     pub report: Option<ExecReport>,
+    /// The reflector's answers about this sample and what became of each
+    /// (MEMCoder evolves from a task's first sample); empty otherwise.
+    pub reflections: Vec<ReflectionRecord>,
+}
+
+/// One reflector answer and what the memory made of it, kept with the
+/// sample so that an answer the parser refused can be read afterwards.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ReflectionRecord {
+    /// `task` for the task-level lesson, else the API the answer is about.
+    pub target: String,
+    /// `guideline`, `add #ID`, `repeat` (an exact copy of a guideline,
+    /// discarded), `discard`, `delete #ID`, or `unparseable`.
+    pub result: String,
+    pub answer: String,
 }
 
 impl Solution {
@@ -131,6 +146,7 @@ impl Solution {
             completion,
             attempts: Vec::new(),
             report: None,
+            reflections: Vec::new(),
         }
     }
 }
