@@ -22,7 +22,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "runs", "bench-strategies")
 DATA = os.path.join(OUT, "data")
 SHARED = os.path.join(ROOT, "..", "shared", "data")
-VENV_PY = os.path.realpath(os.path.join(ROOT, ".venv", "bin", "python"))
+# The venv's own `bin/python`, not the file it links to: resolved, it is the base interpreter,
+# which finds no `pyvenv.cfg` and so none of the venv's packages (ndonnx, numpy). An earlier
+# NdonnxEval run scored every sample, reference solutions included, as ImportError that way.
+VENV_PY = os.path.join(ROOT, ".venv", "bin", "python")
 
 
 def humaneval_file():
@@ -55,13 +58,40 @@ def ndonnx_docs():
     return path
 
 
-def config(name, bench, strategy, args):
-    """The TOML for one arm."""
-    tasks = {
+def task_source(bench, args):
+    """(task file, its format, how many of its tasks the arms use)."""
+    return {
         "humaneval": (humaneval_file(), "humaneval", args.he_tasks),
         "mbpp": (os.path.join(SHARED, "mbpp-sanitized.json"), "mbpp", args.mbpp_tasks),
         "ndonnx": (os.path.join(SHARED, "ndonnxeval.jsonl"), "pricoder", args.ndonnx_tasks),
     }[bench]
+
+
+def preflight(falcon_bin, bench, cfg, args):
+    """Runs the benchmark's reference solutions in the sandbox the arms will use, and stops
+    when they do not pass: a wrong interpreter or a missing package would otherwise score
+    every sample of every arm as a failure, which reads like a weak model."""
+    r = subprocess.run([falcon_bin, "exec", "--tasks", task_source(bench, args)[0], "--samples", "canonical",
+                        "--config", cfg], capture_output=True, text=True, check=True)
+    outcomes = [json.loads(l)["report"]["outcome"] for l in r.stdout.splitlines() if l.strip()]
+    passed = sum(o == "pass" for o in outcomes)
+    if not outcomes or passed < 0.95 * len(outcomes):
+        kinds = {}
+        for l in r.stdout.splitlines():
+            rep = json.loads(l)["report"]
+            if rep["outcome"] != "pass":
+                k = rep.get("error_kind") or rep["outcome"]
+                kinds[k] = kinds.get(k, 0) + 1
+        sys.exit(f"[bench] {bench}: only {passed} of {len(outcomes)} reference solutions pass in the sandbox "
+                 f"of {cfg} (failures: {kinds}); check [exec] python ({VENV_PY}) has the task set's packages "
+                 "(scripts/setup installs them)")
+    print(f"[bench] {bench}: {passed} of {len(outcomes)} reference solutions pass in the sandbox",
+          file=sys.stderr, flush=True)
+
+
+def config(name, bench, strategy, args):
+    """The TOML for one arm."""
+    tasks = task_source(bench, args)
     stream = bench == "ndonnx"
     n = 1 if stream else args.n
     lines = [
@@ -128,6 +158,7 @@ def main():
     os.makedirs(os.path.join(OUT, "configs"), exist_ok=True)
     os.makedirs(DATA, exist_ok=True)
     falcon_bin = os.environ.get("FALCON_BIN", os.path.join(ROOT, "target", "release", "falcon"))
+    checked = set()
     for bench, strategy in [] if args.table else arms:
         name = f"{bench}-{strategy}"
         out = os.path.join(OUT, "results", name + ".json")
@@ -141,6 +172,9 @@ def main():
         cfg = os.path.join(OUT, "configs", name + ".toml")
         with open(cfg, "w") as f:
             f.write(config(name, bench, strategy, args))
+        if bench not in checked:
+            preflight(falcon_bin, bench, cfg, args)
+            checked.add(bench)
         print(f"[bench] {name}: falcon eval --config {cfg}", file=sys.stderr, flush=True)
         t0 = time.time()
         subprocess.run([falcon_bin, "eval", "--config", cfg, "--out", out], check=True)
