@@ -1756,6 +1756,20 @@ pub enum MetaAlgorithm {
     Reptile,
 }
 
+/// What the meta-loop prompts with while long-term memory is on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MetaPrompt {
+    /// FALCON's Table 7: the task with its retrieved history.
+    #[default]
+    Table7,
+    /// The zero-shot prompt; long-term memory still records every evaluated
+    /// sample and supplies the inner mini-batches' demonstrations. Small
+    /// models copy a retrieved neighbour's code (docs/train.md), which this
+    /// avoids without giving up the memory.
+    ZeroShot,
+}
+
 /// `[meta]`: FALCON's inner/outer loop over fast LoRA weights.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -1775,9 +1789,12 @@ pub struct MetaConfig {
     pub reptile_eps: f64,
     /// Short-term memory rows added to each task's inner mini-batch.
     pub short_term_samples: usize,
-    /// Prompt with FALCON's Table 7 (retrieved long-term memory) instead of
-    /// the zero-shot prompt, and record every evaluated sample there.
+    /// Keep long-term memory: record every evaluated sample there, and
+    /// retrieve from it for the prompt (`prompt`) and the demonstrations.
+    /// Off: zero-shot prompts and no demonstrations.
     pub long_term: bool,
+    /// With `long_term`: Table 7 prompts, or zero-shot ones.
+    pub prompt: MetaPrompt,
     /// Passing neighbours retrieved from long-term memory that join each
     /// inner mini-batch as demonstrations (`L_sl`).
     pub long_term_demos: usize,
@@ -1795,6 +1812,7 @@ impl Default for MetaConfig {
             reptile_eps: 0.5,
             short_term_samples: 4,
             long_term: true,
+            prompt: MetaPrompt::Table7,
             long_term_demos: 2,
             query_size: 0,
         }

@@ -707,6 +707,45 @@ fn meta_algorithms_train_and_fill_both_memories() {
     assert!(p.contains(&add.prompt));
 }
 
+/// `[meta] prompt = "zero-shot"` keeps long-term memory (recorded, there
+/// for demonstrations) but prompts as a run without it does: θ's samples of
+/// the first step are those of the memoryless run, not the Table 7 run's.
+#[test]
+fn zero_shot_meta_prompts_keep_long_term_memory() {
+    use falcon_rl::config::MetaPrompt;
+    let dir = tmpdir();
+    setup(dir.path());
+    let run = |name: &str, long_term: bool, prompt: MetaPrompt| {
+        run_with(dir.path(), 1, false, name, Mode::Rl, |c| {
+            meta_tweak("fomaml")(c);
+            c.meta.long_term = long_term;
+            c.meta.prompt = prompt;
+        });
+        let samples =
+            std::fs::read_to_string(dir.path().join("runs").join(name).join("samples.jsonl"))
+                .unwrap();
+        // θ's samples come first: 2 tasks × 3.
+        samples
+            .lines()
+            .take(6)
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["completion"].as_str().unwrap().to_owned()
+            })
+            .collect::<Vec<_>>()
+    };
+    let without = run("no-ltm", false, MetaPrompt::Table7);
+    let zero_shot = run("ltm-zero-shot", true, MetaPrompt::ZeroShot);
+    let table7 = run("ltm-table7", true, MetaPrompt::Table7);
+    assert_eq!(zero_shot, without);
+    assert_ne!(table7, without);
+    // 3 reference solutions + 2 tasks × 3 evaluated samples.
+    assert_eq!(
+        long_term_rows(&dir.path().join("runs/ltm-zero-shot")),
+        3 + 6
+    );
+}
+
 #[test]
 fn meta_resume_after_a_lost_checkpoint_reproduces_the_run_with_its_memories() {
     let dir = tmpdir();

@@ -26,7 +26,7 @@ use super::optim::{clip_grad_norm, sgd_fast_weights, zero_grad};
 use super::rl::{
     mix, seqs_loss, sft_example, trainable, Rollout, StepRecord, TrainError, Trainer, UpdateSeq,
 };
-use crate::config::{MetaAlgorithm, RunConfig};
+use crate::config::{MetaAlgorithm, MetaPrompt, RunConfig};
 use crate::exec::RewardClass;
 use crate::memory::long_term::{Experience, Retrieved};
 use crate::memory::short_term::{Batch, Sample};
@@ -525,13 +525,16 @@ impl Trainer<'_> {
     }
 
     /// Prompts of the step: FALCON's Table 7 with the retrieved history
-    /// when long-term memory is on, else zero-shot.
+    /// when long-term memory is on (unless `[meta] prompt = "zero-shot"`),
+    /// else zero-shot; and each task's retrieved neighbours (none without
+    /// long-term memory), which also supply the demonstrations.
     fn meta_prompts(
         &mut self,
         tasks: &[&Task],
     ) -> Result<(Vec<String>, Vec<Vec<Retrieved>>), TrainError> {
         let instruction = self.cfg.train.instruction.clone();
         let k = self.cfg.memory.top_k;
+        let table7 = self.cfg.meta.prompt == MetaPrompt::Table7;
         let mem = self.memory.as_mut().expect("meta runs have memory");
         match mem.long_term.as_mut() {
             Some((lt, emb)) => {
@@ -542,7 +545,13 @@ impl Trainer<'_> {
                 let prompts = tasks
                     .iter()
                     .zip(&hits)
-                    .map(|(t, h)| falcon_prompt(t, h))
+                    .map(|(t, h)| {
+                        if table7 {
+                            falcon_prompt(t, h)
+                        } else {
+                            task_prompt(&instruction, t)
+                        }
+                    })
                     .collect();
                 Ok((prompts, hits))
             }
