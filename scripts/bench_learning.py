@@ -62,7 +62,7 @@ judge = "static"
 {off}[memory]
 embedder = "hash"
 [train]
-steps = 100000
+steps = {a.steps or 100000}
 tasks_per_step = 4
 group_size = 6
 lr = {a.lr}
@@ -135,7 +135,10 @@ def mcnemar(x, y):
 def main():
     global OUT
     ap = argparse.ArgumentParser()
-    ap.add_argument("--minutes", type=float, default=60.0, help="training budget per arm")
+    ap.add_argument("--minutes", type=float, default=60.0, help="training budget per arm (0: none)")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="train every arm for exactly this many steps (with --minutes 0: a step-matched "
+                         "comparison that other work on the machine does not distort)")
     ap.add_argument("--n", type=int, default=10, help="held-out samples per task")
     ap.add_argument("--arms", default="abcde")
     ap.add_argument("--algorithm", default="fomaml", choices=["maml", "fomaml", "reptile"])
@@ -146,6 +149,8 @@ def main():
     OUT = os.path.abspath(a.out)
     if a.n < 5:
         sys.exit("--n must be >= 5 (pass@5)")
+    if a.steps <= 0 and a.minutes <= 0:
+        sys.exit("give a budget: --minutes > 0 or --steps > 0")
     if not os.path.isdir(SFT):
         print("SFT stage first: falcon sft --config configs/demo-sft.toml --resume", file=sys.stderr)
         falcon("sft", "--config", os.path.join(ROOT, "configs", "demo-sft.toml"), "--resume")
@@ -153,10 +158,12 @@ def main():
     for arm in a.arms:
         results[arm] = result_of(arm)
         if results[arm] is None:
-            print(f"arm {arm}: {ARMS[arm][0]} ({a.minutes} min budget)", file=sys.stderr)
+            budget = f"{a.steps} steps" if a.steps else f"{a.minutes} min budget"
+            print(f"arm {arm}: {ARMS[arm][0]} ({budget})", file=sys.stderr)
             results[arm] = run_arm(arm, a)
     lines = [f"Held-out easy Python tasks (20), n = {a.n} samples per task at T = 0.8, "
-             f"training budget {a.minutes} min per arm on this machine, lr {a.lr}, meta = {a.algorithm}", "",
+             f"training budget {f'{a.steps} steps' if a.steps else ''}{' or ' if a.steps and a.minutes else ''}"
+             f"{f'{a.minutes} min' if a.minutes else ''} per arm on this machine, lr {a.lr}, meta = {a.algorithm}", "",
              "| arm | | steps | pass@1 | pass@5 | exec@1 | vs c: only c / only arm, McNemar p |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for arm, r in results.items():
