@@ -73,19 +73,18 @@ def preflight(falcon_bin, bench, cfg, args):
     every sample of every arm as a failure, which reads like a weak model."""
     r = subprocess.run([falcon_bin, "exec", "--tasks", task_source(bench, args)[0], "--samples", "canonical",
                         "--config", cfg], capture_output=True, text=True, check=True)
-    outcomes = [json.loads(l)["report"]["outcome"] for l in r.stdout.splitlines() if l.strip()]
-    passed = sum(o == "pass" for o in outcomes)
-    if not outcomes or passed < 0.95 * len(outcomes):
+    reports = [json.loads(l)["report"] for l in r.stdout.splitlines() if l.strip()]
+    passed = sum(rep["outcome"] == "pass" for rep in reports)
+    if not reports or passed < 0.95 * len(reports):
         kinds = {}
-        for l in r.stdout.splitlines():
-            rep = json.loads(l)["report"]
+        for rep in reports:
             if rep["outcome"] != "pass":
                 k = rep.get("error_kind") or rep["outcome"]
                 kinds[k] = kinds.get(k, 0) + 1
-        sys.exit(f"[bench] {bench}: only {passed} of {len(outcomes)} reference solutions pass in the sandbox "
+        sys.exit(f"[bench] {bench}: only {passed} of {len(reports)} reference solutions pass in the sandbox "
                  f"of {cfg} (failures: {kinds}); check [exec] python ({VENV_PY}) has the task set's packages "
                  "(scripts/setup installs them)")
-    print(f"[bench] {bench}: {passed} of {len(outcomes)} reference solutions pass in the sandbox",
+    print(f"[bench] {bench}: {passed} of {len(reports)} reference solutions pass in the sandbox",
           file=sys.stderr, flush=True)
 
 
