@@ -33,6 +33,19 @@ ARMS = {
 }
 
 
+# Training steps per minute of each arm on 2 CPU cores (the 15-minute runs of
+# docs/train.md), only to space the held-out evaluations of --evals over the budget.
+STEPS_PER_MINUTE = {"b": 2.4, "c": 0.6, "d": 0.93, "e": 1.13, "f": 0.6}
+
+
+def eval_every(arm, a):
+    """Steps between held-out evaluations during training (0: only the final one)."""
+    if a.evals <= 1:
+        return 0
+    steps = a.steps or a.minutes * STEPS_PER_MINUTE.get(arm, 1.0)
+    return max(1, round(steps / a.evals))
+
+
 def config(arm, a, spec):
     name = f"bench-learning-{arm}"
     meta = spec["meta"] or a.algorithm if spec else "off"
@@ -72,6 +85,7 @@ advantage = "group_mean"
 checkpoint_every = 5
 keep_last = 1
 eval_after = true
+eval_every = {eval_every(arm, a) if spec else 0}
 max_minutes = {a.minutes}
 init_from = {json.dumps(SFT)}
 [train.loss]
@@ -120,10 +134,21 @@ def run_arm(arm, a):
         out = os.path.join(d, "eval", f"step-{steps}.json")
     res = json.load(open(out))
     done = {"arm": arm, "label": label, "steps": steps, "wall_s": time.time() - t0, "eval": out,
-            "pass_at": res["pass_at"], "exec_at": res["exec_at"], "train_pass_rate": curve}
+            "pass_at": res["pass_at"], "exec_at": res["exec_at"], "train_pass_rate": curve,
+            "heldout_pass1": heldout_curve(d) if spec else []}
     with open(os.path.join(d, "done.json"), "w") as f:
         json.dump(done, f)
     return done
+
+
+def heldout_curve(d):
+    """[(step, held-out pass@1)] from the arm's eval/step-N.json files."""
+    points = []
+    for n in os.listdir(os.path.join(d, "eval")):
+        m = re.fullmatch(r"step-(\d+)\.json", n)
+        if m:
+            points.append((int(m.group(1)), json.load(open(os.path.join(d, "eval", n)))["pass_at"]["1"]))
+    return sorted(points)
 
 
 def mcnemar(x, y):
@@ -143,7 +168,11 @@ def main():
     ap.add_argument("--arms", default="abcde")
     ap.add_argument("--algorithm", default="fomaml", choices=["maml", "fomaml", "reptile"])
     ap.add_argument("--inner-lr", type=float, default=1.0)
-    ap.add_argument("--lr", type=float, default=5e-4, help="[train] lr (the outer rate β in meta arms)")
+    # 5e-4 (the default before the 60-minute run) collapsed the single-level arm to
+    # gibberish after ~110 steps; 1e-4 drifted far less in 15 minutes (docs/train.md).
+    ap.add_argument("--lr", type=float, default=1e-4, help="[train] lr (the outer rate β in meta arms)")
+    ap.add_argument("--evals", type=int, default=4,
+                    help="held-out evaluations per trained arm, spread over its budget (the last at the end)")
     ap.add_argument("--out", default=OUT, help="results directory (finished arms there are not rerun)")
     a = ap.parse_args()
     OUT = os.path.abspath(a.out)
@@ -177,6 +206,10 @@ def main():
     for arm, r in results.items():
         if r["train_pass_rate"]:
             lines.append(f"- {arm}: {' '.join(f'{x:.2f}' for x in r['train_pass_rate'])}")
+    lines += ["", "Held-out pass@1 during training (step: pass@1):"]
+    for arm, r in results.items():
+        if r.get("heldout_pass1"):
+            lines.append(f"- {arm}: {', '.join(f'{s}: {p:.3f}' for s, p in r['heldout_pass1'])}")
     text = "\n".join(lines)
     print(text)
     with open(os.path.join(OUT, "summary.md"), "w") as f:

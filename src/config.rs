@@ -1689,6 +1689,10 @@ pub struct TrainConfig {
     /// Evaluate on `[eval]`'s tasks before the first step / after the last.
     pub eval_before: bool,
     pub eval_after: bool,
+    /// Also evaluate on `[eval]`'s tasks after every this many steps (0 =
+    /// off), for held-out curves; that time is not counted in
+    /// `max_minutes`.
+    pub eval_every: u64,
     /// Stop (with a checkpoint, then `eval_after`) after the step during
     /// which this many minutes of training have passed, counted over all
     /// the sessions of a resumed run; 0 = no limit. For comparisons at
@@ -1725,6 +1729,7 @@ impl Default for TrainConfig {
             init_from: None,
             eval_before: false,
             eval_after: false,
+            eval_every: 0,
             max_minutes: 0.0,
         }
     }

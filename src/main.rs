@@ -1223,7 +1223,7 @@ fn train_config(
         0,
         "[tasks]",
     )?;
-    let eval_tasks = if cfg.train.eval_before || cfg.train.eval_after {
+    let eval_tasks = if cfg.train.eval_before || cfg.train.eval_after || cfg.train.eval_every > 0 {
         Some(load_eval_tasks(cfg, source)?)
     } else {
         None

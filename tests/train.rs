@@ -271,6 +271,81 @@ fn resume_reproduces_an_uninterrupted_run_exactly() {
     assert_eq!(left, ["step-3", "step-6"]);
 }
 
+/// A 4-step run with a checkpoint every 2 steps that evaluates on all tasks
+/// every `eval_every` steps (0 = never).
+fn run_evaluating(dir: &Path, name: &str, eval_every: u64, resume: bool) -> Vec<StepRecord> {
+    let mut cfg = config(dir, 4, 62430);
+    cfg.run.name = name.into();
+    cfg.train.checkpoint_every = 2;
+    cfg.train.eval_every = eval_every;
+    let mut policy = Policy::load(&dir.join("model"), Dtype::Fp32, Device::Cpu).unwrap();
+    prepare_policy(&cfg, &mut policy).unwrap();
+    let tasks = TaskSet::load(
+        &dir.join("tasks.jsonl"),
+        TaskFormat::Auto,
+        LoadOptions::default(),
+    )
+    .unwrap();
+    let sandbox = Sandbox::new(&cfg.exec).unwrap();
+    let run_dir = cfg.run.output_dir.join(name);
+    let mut t = Trainer::new(
+        cfg,
+        Mode::Rl,
+        &run_dir,
+        &mut policy,
+        &tasks,
+        &sandbox,
+        resume,
+        &mut Silent,
+    )
+    .unwrap()
+    .with_eval_tasks(&tasks);
+    t.run(&mut Silent).unwrap()
+}
+
+#[test]
+fn periodic_evaluation_writes_curves_and_leaves_training_unchanged() {
+    let dir = tmpdir();
+    setup(dir.path());
+    let plain = run_evaluating(dir.path(), "plain", 0, false);
+    let evaluated = run_evaluating(dir.path(), "evaluated", 2, false);
+    // Evaluating (generation without dropout, its own seed) between steps
+    // must not move the training trajectory.
+    assert_eq!(plain.len(), 4);
+    assert_eq!(evaluated.len(), 4);
+    for (a, b) in plain.iter().zip(&evaluated) {
+        assert_eq!(a.loss, b.loss, "step {}", a.step);
+        assert_eq!(a.reward, b.reward, "step {}", a.step);
+        assert_eq!(a.grad_norm, b.grad_norm, "step {}", a.step);
+    }
+    let eval_dir = |run: &str| dir.path().join("runs").join(run).join("eval");
+    let mut written: Vec<String> = std::fs::read_dir(eval_dir("evaluated"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    written.sort();
+    assert_eq!(written, ["step-2.json", "step-4.json"]);
+    assert!(!eval_dir("plain").exists());
+    // A session killed after the step-4 checkpoint, before its evaluation:
+    // the resume evaluates the restored weights and gets the same result.
+    let path = eval_dir("evaluated").join("step-4.json");
+    let read = |p: &Path| -> falcon_rl::eval::EvalResult {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let first = read(&path);
+    assert_eq!(first.tasks.len(), 3);
+    std::fs::remove_file(&path).unwrap();
+    assert!(run_evaluating(dir.path(), "evaluated", 2, true).is_empty());
+    let again = read(&path);
+    assert_eq!(again.pass_at, first.pass_at);
+    assert_eq!(again.outcomes, first.outcomes);
+    assert_eq!(
+        serde_json::to_value(&again.tasks).unwrap(),
+        serde_json::to_value(&first.tasks).unwrap()
+    );
+}
+
 #[test]
 fn falcon_train_runs_and_resumes_from_a_config_file() {
     let dir = tmpdir();

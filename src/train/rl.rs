@@ -528,7 +528,19 @@ impl<'a> Trainer<'a> {
         // A new event file per session: TensorBoard drops points whose step
         // went backwards, so a resumed run needs no trimming here.
         let mut events = EventWriter::create(&self.run_dir.join("tb"))?;
-        if self.cfg.train.eval_before && self.step == 0 {
+        let t = &self.cfg.train;
+        if (t.eval_before || t.eval_after || t.eval_every > 0) && self.eval_tasks.is_none() {
+            // Before training, not after the first hour of it.
+            return Err(TrainError::Invalid(
+                "[train] eval_before / eval_after / eval_every need [eval] tasks".into(),
+            ));
+        }
+        let eval_every = self.cfg.train.eval_every;
+        let periodic = |step: u64| eval_every > 0 && step > 0 && step.is_multiple_of(eval_every);
+        if (self.cfg.train.eval_before && self.step == 0)
+            // A session killed between a checkpoint and its evaluation.
+            || (periodic(self.step) && !self.eval_path(self.step).exists())
+        {
             self.evaluate_into(&mut events, observer)?;
         }
         // The time budget counts training only, not the evaluation before,
@@ -538,6 +550,7 @@ impl<'a> Trainer<'a> {
         let before = self.train_seconds;
         let budget = self.cfg.train.max_minutes;
         let spent = |secs: f64| budget > 0.0 && secs >= budget * 60.0;
+        let mut eval_seconds = 0.0;
         if spent(before) && self.step < steps {
             observer.on_message(&format!(
                 "the {budget} minute budget ([train] max_minutes) was spent before this session \
@@ -567,12 +580,17 @@ impl<'a> Trainer<'a> {
             observer.on_step(&rec);
             out.push(rec);
             self.step += 1;
-            self.train_seconds = before + session.elapsed().as_secs_f64();
+            self.train_seconds = before + session.elapsed().as_secs_f64() - eval_seconds;
             let every = self.cfg.train.checkpoint_every;
             let out_of_time = spent(self.train_seconds);
             if self.step.is_multiple_of(every) || self.step == steps || out_of_time {
                 let d = self.save_checkpoint()?;
                 observer.on_message(&format!("checkpoint {}", d.display()));
+            }
+            if periodic(self.step) && !self.eval_path(self.step).exists() {
+                let t0 = Instant::now();
+                self.evaluate_into(&mut events, observer)?;
+                eval_seconds += t0.elapsed().as_secs_f64();
             }
             if out_of_time && self.step < steps {
                 observer.on_message(&format!(
@@ -603,7 +621,7 @@ impl<'a> Trainer<'a> {
     ) -> Result<(), TrainError> {
         let Some(tasks) = self.eval_tasks else {
             return Err(TrainError::Invalid(
-                "[train] eval_before / eval_after need [eval] tasks".into(),
+                "[train] eval_before / eval_after / eval_every need [eval] tasks".into(),
             ));
         };
         let tasks: Vec<&Task> = tasks.iter().collect();
