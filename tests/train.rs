@@ -100,8 +100,9 @@ fn run(dir: &Path, steps: u64, resume: bool, run_name: &str) -> Vec<StepRecord> 
     run_with(dir, steps, resume, run_name, Mode::Rl, |_| {}).0
 }
 
-/// A run of `mode` with `tweak` applied to the config; also returns the
-/// trainable weights at the end.
+/// A run of `mode` with `tweak` applied to the config, evaluating on all
+/// tasks where the config asks for it; also returns the trainable weights at
+/// the end.
 fn run_with(
     dir: &Path,
     steps: u64,
@@ -134,7 +135,8 @@ fn run_with(
             resume,
             &mut Silent,
         )
-        .unwrap();
+        .unwrap()
+        .with_eval_tasks(&tasks);
         t.run(&mut Silent).unwrap()
     };
     let weights = trainable(&policy)
@@ -274,33 +276,12 @@ fn resume_reproduces_an_uninterrupted_run_exactly() {
 /// A 4-step run with a checkpoint every 2 steps that evaluates on all tasks
 /// every `eval_every` steps (0 = never).
 fn run_evaluating(dir: &Path, name: &str, eval_every: u64, resume: bool) -> Vec<StepRecord> {
-    let mut cfg = config(dir, 4, 62430);
-    cfg.run.name = name.into();
-    cfg.train.checkpoint_every = 2;
-    cfg.train.eval_every = eval_every;
-    let mut policy = Policy::load(&dir.join("model"), Dtype::Fp32, Device::Cpu).unwrap();
-    prepare_policy(&cfg, &mut policy).unwrap();
-    let tasks = TaskSet::load(
-        &dir.join("tasks.jsonl"),
-        TaskFormat::Auto,
-        LoadOptions::default(),
-    )
-    .unwrap();
-    let sandbox = Sandbox::new(&cfg.exec).unwrap();
-    let run_dir = cfg.run.output_dir.join(name);
-    let mut t = Trainer::new(
-        cfg,
-        Mode::Rl,
-        &run_dir,
-        &mut policy,
-        &tasks,
-        &sandbox,
-        resume,
-        &mut Silent,
-    )
-    .unwrap()
-    .with_eval_tasks(&tasks);
-    t.run(&mut Silent).unwrap()
+    run_with(dir, 4, resume, name, Mode::Rl, |cfg| {
+        cfg.exec.uid_base = 62430;
+        cfg.train.checkpoint_every = 2;
+        cfg.train.eval_every = eval_every;
+    })
+    .0
 }
 
 #[test]
