@@ -14,6 +14,9 @@ from benchcfg import run_header
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "runs", "bench-learning")
 SFT = os.path.join(ROOT, "runs", "demo-sft", "step-20")
+# Finished arms are also kept here, committed: runs/ is git-ignored and does not
+# outlive the machine, and McNemar against an arm needs its per-task results.
+RESULTS = os.path.join(ROOT, "results")
 
 # The fine-grained loss's weight. At 1.0 it is unbounded below and collapsed an arm to
 # pass@1 0 within 10 steps (docs/train.md, "What we measured"); 0.1 keeps it a nudge.
@@ -105,10 +108,37 @@ def falcon(*args, **kw):
     return subprocess.run([os.environ["FALCON_BIN"], *args], check=True, **kw)
 
 
+def kept_dir():
+    """results/<name of --out>/: where finished arms are kept."""
+    return os.path.join(RESULTS, os.path.basename(OUT))
+
+
 def result_of(arm):
-    d = os.path.join(OUT, f"bench-learning-{arm}")
-    done = os.path.join(d, "done.json")
-    return json.load(open(done)) if os.path.exists(done) else None
+    """A finished arm: from this run's directory, else from the kept results."""
+    done = os.path.join(OUT, f"bench-learning-{arm}", "done.json")
+    if os.path.exists(done):
+        return json.load(open(done))
+    kept = os.path.join(kept_dir(), f"{arm}.json")
+    if not os.path.exists(kept):
+        return None
+    r = json.load(open(kept))
+    r["eval"] = os.path.join(kept_dir(), r["eval"])
+    print(f"arm {arm}: kept result {os.path.relpath(kept, ROOT)} (not rerun)", file=sys.stderr)
+    return r
+
+
+def keep(done, config_text):
+    """Copies a finished arm's summary, final evaluation and config to kept_dir()."""
+    d = kept_dir()
+    os.makedirs(d, exist_ok=True)
+    arm = done["arm"]
+    shutil.copyfile(done["eval"], os.path.join(d, f"{arm}-eval.json"))
+    with open(os.path.join(d, f"{arm}.toml"), "w") as f:
+        f.write(config_text)
+    tmp = os.path.join(d, f".{arm}.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump({**done, "eval": f"{arm}-eval.json"}, f, indent=1)
+    os.replace(tmp, os.path.join(d, f"{arm}.json"))
 
 
 def run_arm(arm, a):
@@ -116,8 +146,9 @@ def run_arm(arm, a):
     d = os.path.join(OUT, f"bench-learning-{arm}")
     os.makedirs(d, exist_ok=True)
     cpath = os.path.join(d, "bench.toml")
+    text = config(arm, a, spec)
     with open(cpath, "w") as f:
-        f.write(config(arm, a, spec))
+        f.write(text)
     t0 = time.time()
     if spec is None:
         out = os.path.join(d, "eval.json")
@@ -138,6 +169,7 @@ def run_arm(arm, a):
             "heldout_pass1": heldout_curve(d) if spec else []}
     with open(os.path.join(d, "done.json"), "w") as f:
         json.dump(done, f)
+    keep(done, text)
     return done
 
 
@@ -174,6 +206,7 @@ def main():
     ap.add_argument("--evals", type=int, default=4,
                     help="held-out evaluations per trained arm, spread over its budget (the last at the end)")
     ap.add_argument("--out", default=OUT, help="results directory (finished arms there are not rerun)")
+    ap.add_argument("--versus", default="c", help="the arm every other arm is compared with (McNemar)")
     a = ap.parse_args()
     OUT = os.path.abspath(a.out)
     if a.n < 5:
@@ -183,6 +216,7 @@ def main():
     if not os.path.isdir(SFT):
         print("SFT stage first: falcon sft --config configs/demo-sft.toml --resume", file=sys.stderr)
         falcon("sft", "--config", os.path.join(ROOT, "configs", "demo-sft.toml"), "--resume")
+    v = a.versus
     results = {}
     for arm in a.arms:
         results[arm] = result_of(arm)
@@ -193,12 +227,12 @@ def main():
     lines = [f"Held-out easy Python tasks (20), n = {a.n} samples per task at T = 0.8, "
              f"training budget {f'{a.steps} steps' if a.steps else ''}{' or ' if a.steps and a.minutes else ''}"
              f"{f'{a.minutes} min' if a.minutes else ''} per arm on this machine, lr {a.lr}, meta = {a.algorithm}", "",
-             "| arm | | steps | pass@1 | pass@5 | exec@1 | vs c: only c / only arm, McNemar p |",
+             f"| arm | | steps | pass@1 | pass@5 | exec@1 | vs {v}: only {v} / only arm, McNemar p |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for arm, r in results.items():
         cmp = ""
-        if arm != "c" and "c" in results:
-            m = mcnemar(results["c"]["eval"], r["eval"])
+        if arm != v and v in results:
+            m = mcnemar(results[v]["eval"], r["eval"])
             cmp = f"{m[0]} / {m[1]}, p = {m[2]:.3f}" if m else "?"
         lines.append(f"| {arm} | {r['label']} | {r['steps']} | {r['pass_at']['1']:.3f} | "
                      f"{r['pass_at']['5']:.3f} | {r['exec_at']['1']:.3f} | {cmp} |")
@@ -212,8 +246,10 @@ def main():
             lines.append(f"- {arm}: {', '.join(f'{s}: {p:.3f}' for s, p in r['heldout_pass1'])}")
     text = "\n".join(lines)
     print(text)
-    with open(os.path.join(OUT, "summary.md"), "w") as f:
-        f.write(text + "\n")
+    for d in (OUT, kept_dir()):
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "summary.md"), "w") as f:
+            f.write(text + "\n")
     # Plots: held-out pass@k bars of every arm side by side (from copies of their final
     # evaluations, named by arm), and each trained arm's own curves.
     evals = os.path.join(OUT, "evals")
@@ -222,7 +258,8 @@ def main():
         shutil.copyfile(r["eval"], os.path.join(evals, f"{arm}-{re.sub(r'[^A-Za-z0-9]+', '-', ARMS[arm][0]).strip('-')}.json"))
     falcon("report", evals, "--out", os.path.join(OUT, "report"))
     for arm, r in results.items():
-        if r["steps"]:
+        # A kept arm from an earlier machine has no run directory to draw.
+        if r["steps"] and os.path.isdir(os.path.join(OUT, f"bench-learning-{arm}")):
             falcon("report", os.path.join(OUT, f"bench-learning-{arm}"))
     print(f"plots: {os.path.join(OUT, 'report', 'index.html')} and "
           f"{os.path.join(OUT, 'bench-learning-*', 'report', 'index.html')}")
