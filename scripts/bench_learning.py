@@ -26,8 +26,8 @@ ARMS = {
     "a": ("initial (SFT)", None),
     "b": ("PG, unit tests only", dict(meta="off", rewards="tests", fine=0.0, sl=0.0, long_term=True, inner=1)),
     "c": ("FALCON", dict(meta=None, rewards="all", fine=FINE, sl=0.1, long_term=True, inner=1)),
-    "d": ("FALCON - long-term memory", dict(meta=None, rewards="all", fine=FINE, sl=0.1, long_term=False, inner=1)),
-    "e": ("FALCON - meta-loop", dict(meta="fomaml", rewards="all", fine=FINE, sl=0.1, long_term=True, inner=0)),
+    "d": ("FALCON without long-term memory", dict(meta=None, rewards="all", fine=FINE, sl=0.1, long_term=False, inner=1)),
+    "e": ("FALCON without the meta-loop", dict(meta="fomaml", rewards="all", fine=FINE, sl=0.1, long_term=True, inner=0)),
     # Not in the list, so not run by default: c with zero-shot prompts. Long-term
     # memory still records and supplies demonstrations; the Table 7 prompt is what a 135M
     # model copies from (docs/train.md).
@@ -234,7 +234,8 @@ def main():
         if arm != v and v in results:
             m = mcnemar(results[v]["eval"], r["eval"])
             cmp = f"{m[0]} / {m[1]}, p = {m[2]:.3f}" if m else "?"
-        lines.append(f"| {arm} | {r['label']} | {r['steps']} | {r['pass_at']['1']:.3f} | "
+        # The label of ARMS, not the one an arm was kept with, so renames reach kept arms.
+        lines.append(f"| {arm} | {ARMS[arm][0]} | {r['steps']} | {r['pass_at']['1']:.3f} | "
                      f"{r['pass_at']['5']:.3f} | {r['exec_at']['1']:.3f} | {cmp} |")
     lines += ["", "Training pass rate per step (samples generated that step):"]
     for arm, r in results.items():
