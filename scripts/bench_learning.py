@@ -183,10 +183,90 @@ def heldout_curve(d):
     return sorted(points)
 
 
-def mcnemar(x, y):
+def compare(x, y):
+    """`falcon eval compare x y` as two cells: McNemar on the first sample per task, and
+    the sign test on each task's share of passing samples ("only/higher in x / in y, p")."""
     out = falcon("eval", "compare", x, y, capture_output=True, text=True).stdout
-    m = re.search(r"only by A (\d+), only by B (\d+), exact p = ([0-9.]+)", out)
-    return (int(m.group(1)), int(m.group(2)), float(m.group(3))) if m else None
+    cells = []
+    for pat in (r"only by A (\d+), only by B (\d+), exact p = ([0-9.]+)",
+                r"higher in A (\d+), higher in B (\d+), exact p = ([0-9.]+)"):
+        m = re.search(pat, out)
+        cells.append(f"{m.group(1)} / {m.group(2)}, p = {float(m.group(3)):.3f}" if m else "?")
+    return cells
+
+
+def final_weights(arm, r):
+    """The weights an arm ended with: the SFT start for a, else its last checkpoint under
+    OUT, which must be the step its result was taken at (None when this machine lacks it)."""
+    if ARMS[arm][1] is None:
+        return SFT
+    ck = os.path.join(OUT, f"bench-learning-{arm}", f"step-{r['steps']}")
+    return ck if os.path.isdir(ck) else None
+
+
+def extra_eval(arm, r, path):
+    """The arm's final weights evaluated on every task of the file `path` (a second
+    held-out set), kept as <arm>-<stem>.json; None when the weights are not here."""
+    stem = os.path.splitext(os.path.basename(path))[0]
+    kept = os.path.join(kept_dir(), f"{arm}-{stem}.json")
+    if os.path.exists(kept):
+        return kept
+    weights = final_weights(arm, r)
+    if weights is None:
+        print(f"arm {arm}: its final checkpoint is not on this machine; not evaluated on {path}",
+              file=sys.stderr)
+        return None
+    d = os.path.join(OUT, f"bench-learning-{arm}")
+    src = os.path.join(d, "bench.toml")
+    text = open(src if os.path.exists(src) else os.path.join(kept_dir(), f"{arm}.toml")).read()
+    section = '[eval]\ntags = ["heldout"]\n'
+    if section not in text:
+        sys.exit(f"arm {arm}: its config has no {section!r} to point at {path}")
+    text = text.replace(section, f"[eval]\npath = {json.dumps(os.path.abspath(path))}\ntags = []\n")
+    os.makedirs(d, exist_ok=True)
+    cpath = os.path.join(d, f"{stem}.toml")
+    with open(cpath, "w") as f:
+        f.write(text)
+    out = os.path.join(d, f"{stem}.json")
+    print(f"arm {arm}: {weights} on {path}", file=sys.stderr)
+    falcon("eval", "--config", cpath, "--checkpoint", weights, "--out", out)
+    os.makedirs(kept_dir(), exist_ok=True)
+    tmp = os.path.join(kept_dir(), f".{arm}-{stem}.json.tmp")
+    shutil.copyfile(out, tmp)
+    os.replace(tmp, kept)
+    return kept
+
+
+def merge(paths, out):
+    """One result file over the union of the tasks of `paths` (pass@k and exec@k are means
+    over tasks, so they are re-weighted by task count), for `falcon eval compare`."""
+    rs = [json.load(open(p)) for p in paths]
+    tasks = [t for r in rs for t in r["tasks"]]
+    assert len({t["id"] for t in tasks}) == len(tasks), f"task ids overlap in {paths}"
+    mean = lambda key, k: sum(r[key][k] * len(r["tasks"]) for r in rs) / len(tasks)
+    outcomes = {}
+    for r in rs:
+        for kind, c in r["outcomes"].items():
+            outcomes[kind] = outcomes.get(kind, 0) + c
+    m = {**rs[0], "tasks": tasks, "outcomes": outcomes, "seconds": sum(r["seconds"] for r in rs),
+         "pass_at": {k: mean("pass_at", k) for k in rs[0]["pass_at"]},
+         "exec_at": {k: mean("exec_at", k) for k in rs[0]["exec_at"]}}
+    with open(out, "w") as f:
+        json.dump(m, f)
+    return m
+
+
+def table(title, v, evals, steps):
+    """Markdown rows of final pass@k per arm, each compared with arm v."""
+    lines = [title, "", f"| arm | | steps | pass@1 | pass@5 | exec@1 | vs {v}: only {v} / only arm, McNemar p "
+             f"| vs {v}: higher in {v} / in arm, sign test p |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for arm, path in evals.items():
+        r = json.load(open(path))
+        cells = compare(evals[v], path) if arm != v and v in evals else ["", ""]
+        # The label of ARMS, not the one an arm was kept with, so renames reach kept arms.
+        lines.append(f"| {arm} | {ARMS[arm][0]} | {steps[arm]} | {r['pass_at']['1']:.3f} | "
+                     f"{r['pass_at']['5']:.3f} | {r['exec_at']['1']:.3f} | {cells[0]} | {cells[1]} |")
+    return lines
 
 
 def main():
@@ -207,6 +287,8 @@ def main():
                     help="held-out evaluations per trained arm, spread over its budget (the last at the end)")
     ap.add_argument("--out", default=OUT, help="results directory (finished arms there are not rerun)")
     ap.add_argument("--versus", default="c", help="the arm every other arm is compared with (McNemar)")
+    ap.add_argument("--extra", help="a second held-out task file: every arm's final weights are also "
+                    "evaluated on all its tasks (kept as <arm>-<stem>.json), alone and joined with the first set")
     a = ap.parse_args()
     OUT = os.path.abspath(a.out)
     if a.n < 5:
@@ -224,19 +306,25 @@ def main():
             budget = f"{a.steps} steps" if a.steps else f"{a.minutes} min budget"
             print(f"arm {arm}: {ARMS[arm][0]} ({budget})", file=sys.stderr)
             results[arm] = run_arm(arm, a)
-    lines = [f"Held-out easy Python tasks (20), n = {a.n} samples per task at T = 0.8, "
-             f"training budget {f'{a.steps} steps' if a.steps else ''}{' or ' if a.steps and a.minutes else ''}"
-             f"{f'{a.minutes} min' if a.minutes else ''} per arm on this machine, lr {a.lr}, meta = {a.algorithm}", "",
-             f"| arm | | steps | pass@1 | pass@5 | exec@1 | vs {v}: only {v} / only arm, McNemar p |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for arm, r in results.items():
-        cmp = ""
-        if arm != v and v in results:
-            m = mcnemar(results[v]["eval"], r["eval"])
-            cmp = f"{m[0]} / {m[1]}, p = {m[2]:.3f}" if m else "?"
-        # The label of ARMS, not the one an arm was kept with, so renames reach kept arms.
-        lines.append(f"| {arm} | {ARMS[arm][0]} | {r['steps']} | {r['pass_at']['1']:.3f} | "
-                     f"{r['pass_at']['5']:.3f} | {r['exec_at']['1']:.3f} | {cmp} |")
+    steps = {arm: r["steps"] for arm, r in results.items()}
+    lines = table(f"Held-out easy Python tasks (20), n = {a.n} samples per task at T = 0.8, "
+                  f"training budget {f'{a.steps} steps' if a.steps else ''}{' or ' if a.steps and a.minutes else ''}"
+                  f"{f'{a.minutes} min' if a.minutes else ''} per arm on this machine, lr {a.lr}, meta = {a.algorithm}",
+                  v, {arm: r["eval"] for arm, r in results.items()}, steps)
+    if a.extra:
+        extra = {arm: extra_eval(arm, r, a.extra) for arm, r in results.items()}
+        extra = {arm: p for arm, p in extra.items() if p}
+        n2 = len(json.load(open(next(iter(extra.values()))))["tasks"]) if extra else 0
+        lines += [""] + table(f"Second held-out set ({os.path.relpath(os.path.abspath(a.extra), ROOT)}, {n2} tasks "
+                              f"never trained on), the same final weights", v, extra, steps)
+        both_dir = os.path.join(OUT, "evals-both")
+        os.makedirs(both_dir, exist_ok=True)
+        both = {}
+        for arm, p in extra.items():
+            both[arm] = os.path.join(both_dir, f"{arm}.json")
+            merge([results[arm]["eval"], p], both[arm])
+        if both:
+            lines += [""] + table(f"Both held-out sets ({20 + n2} tasks)", v, both, steps)
     lines += ["", "Training pass rate per step (samples generated that step):"]
     for arm, r in results.items():
         if r["train_pass_rate"]:

@@ -1522,6 +1522,10 @@ fn cmd_eval_compare(a: &Path, b: &Path) -> Result<()> {
     println!(
         "McNemar (first sample per task): solved only by A {only_a}, only by B {only_b}, exact p = {p:.4}"
     );
+    let (more_a, more_b, p) = ra.sign_test_vs(&rb);
+    println!(
+        "Sign test (share of passing samples per task): higher in A {more_a}, higher in B {more_b}, exact p = {p:.4}"
+    );
     Ok(())
 }
 

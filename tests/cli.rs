@@ -252,6 +252,11 @@ fn eval_compare_prints_both_sides_and_mcnemar() {
         t.contains("solved only by A 3, only by B 4, exact p = 1.0000"),
         "{t}"
     );
+    // With one sample per task the sign test sees the same pairs.
+    assert!(
+        t.contains("higher in A 3, higher in B 4, exact p = 1.0000"),
+        "{t}"
+    );
     std::fs::write(&b, "{\"tasks\": 3}").unwrap();
     let o = falcon(&["eval", "compare", a.to_str().unwrap(), b.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));

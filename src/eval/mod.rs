@@ -202,20 +202,37 @@ impl EvalResult {
     /// evaluated, pairing each task's first sample (greedy pass@1 when
     /// n = 1): `(only_self, only_other, p_value)`.
     pub fn mcnemar_vs(&self, other: &EvalResult) -> (usize, usize, f64) {
-        let theirs: BTreeMap<&str, bool> = other
+        self.paired_vs(other, |t| Some(t.samples.first()?.passed as u8 as f64))
+    }
+
+    /// The sign test on each task's share of passing samples, so every
+    /// sample counts, not only the first: `(tasks where self passed a larger
+    /// share, tasks where other did, p_value)`. Ties drop out; the p-value is
+    /// McNemar's exact binomial on the two counts.
+    pub fn sign_test_vs(&self, other: &EvalResult) -> (usize, usize, f64) {
+        self.paired_vs(other, |t| (t.n > 0).then(|| t.passed as f64 / t.n as f64))
+    }
+
+    /// Pairs tasks by id and counts where `score` is higher on each side.
+    fn paired_vs(
+        &self,
+        other: &EvalResult,
+        score: impl Fn(&TaskResult) -> Option<f64>,
+    ) -> (usize, usize, f64) {
+        let theirs: BTreeMap<&str, f64> = other
             .tasks
             .iter()
-            .filter_map(|t| Some((t.id.as_str(), t.samples.first()?.passed)))
+            .filter_map(|t| Some((t.id.as_str(), score(t)?)))
             .collect();
         let (mut b, mut c) = (0, 0);
         for t in &self.tasks {
-            let (Some(mine), Some(&other)) = (t.samples.first(), theirs.get(t.id.as_str())) else {
+            let (Some(mine), Some(&other)) = (score(t), theirs.get(t.id.as_str())) else {
                 continue;
             };
-            match (mine.passed, other) {
-                (true, false) => b += 1,
-                (false, true) => c += 1,
-                _ => {}
+            if mine > other {
+                b += 1;
+            } else if other > mine {
+                c += 1;
             }
         }
         (b, c, mcnemar_exact(b, c))
@@ -505,5 +522,39 @@ mod tests {
         let (b, c, p) = after.mcnemar_vs(&before);
         assert_eq!((b, c), (2, 1));
         assert!((p - mcnemar_exact(2, 1)).abs() < 1e-15);
+    }
+
+    #[test]
+    fn sign_test_counts_every_sample_per_task() {
+        let r = |v: &[(&str, usize, usize)]| EvalResult {
+            tasks: v
+                .iter()
+                .map(|&(id, passed, n)| {
+                    let mut t = task_result(id, passed > 0);
+                    (t.n, t.passed) = (n, passed);
+                    t
+                })
+                .collect(),
+            pass_at: BTreeMap::new(),
+            exec_at: BTreeMap::new(),
+            outcomes: BTreeMap::new(),
+            samples_per_task: 10,
+            temperature: 0.8,
+            seconds: 0.0,
+            strategy: zero_shot_label(),
+            transitions: Transitions::default(),
+            strategy_stats: BTreeMap::new(),
+            cuda: None,
+        };
+        // First samples all pass on both sides (McNemar sees nothing), but
+        // the pass counts differ: a higher on x and y, b higher on z, w tied;
+        // shares, not counts, decide when n differs (4/5 > 7/10).
+        let a = r(&[("x", 9, 10), ("y", 4, 5), ("z", 2, 10), ("w", 5, 10)]);
+        let b = r(&[("w", 5, 10), ("z", 6, 10), ("y", 7, 10), ("x", 3, 10)]);
+        assert_eq!(a.mcnemar_vs(&b).0 + a.mcnemar_vs(&b).1, 0);
+        let (hi_a, hi_b, p) = a.sign_test_vs(&b);
+        assert_eq!((hi_a, hi_b), (2, 1));
+        assert!((p - mcnemar_exact(2, 1)).abs() < 1e-15);
+        assert_eq!(b.sign_test_vs(&a).0, 1);
     }
 }
