@@ -216,9 +216,12 @@ def extra_eval(arm, r, path):
         print(f"arm {arm}: its final checkpoint is not on this machine; not evaluated on {path}",
               file=sys.stderr)
         return None
-    d = os.path.join(OUT, f"bench-learning-{arm}")
-    src = os.path.join(d, "bench.toml")
+    run = os.path.join(OUT, f"bench-learning-{arm}")
+    src = os.path.join(run, "bench.toml")
     text = open(src if os.path.exists(src) else os.path.join(kept_dir(), f"{arm}.toml")).read()
+    # Not in the run directory itself: `falcon report RUN` would draw it among the arm's
+    # own held-out evaluations.
+    d = os.path.join(run, "extra")
     section = '[eval]\ntags = ["heldout"]\n'
     if section not in text:
         sys.exit(f"arm {arm}: its config has no {section!r} to point at {path}")
@@ -335,9 +338,11 @@ def main():
             lines.append(f"- {arm}: {', '.join(f'{s}: {p:.3f}' for s, p in r['heldout_pass1'])}")
     text = "\n".join(lines)
     print(text)
+    # One summary per reference arm, so a table against the SFT start does not replace c's.
+    name = "summary.md" if v == "c" else f"summary-vs-{v}.md"
     for d in (OUT, kept_dir()):
         os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, "summary.md"), "w") as f:
+        with open(os.path.join(d, name), "w") as f:
             f.write(text + "\n")
     # Plots: held-out pass@k bars of every arm side by side (from copies of their final
     # evaluations, named by arm), and each trained arm's own curves.
