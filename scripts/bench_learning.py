@@ -256,7 +256,6 @@ def merge(paths, out):
          "exec_at": {k: mean("exec_at", k) for k in rs[0]["exec_at"]}}
     with open(out, "w") as f:
         json.dump(m, f)
-    return m
 
 
 def table(title, v, evals, steps):

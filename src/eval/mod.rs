@@ -480,6 +480,23 @@ mod tests {
         }
     }
 
+    /// A result holding only `tasks`: the pairing tests read nothing else.
+    fn result_of(tasks: Vec<TaskResult>) -> EvalResult {
+        EvalResult {
+            tasks,
+            pass_at: BTreeMap::new(),
+            exec_at: BTreeMap::new(),
+            outcomes: BTreeMap::new(),
+            samples_per_task: 1,
+            temperature: 0.0,
+            seconds: 0.0,
+            strategy: zero_shot_label(),
+            transitions: Transitions::default(),
+            strategy_stats: BTreeMap::new(),
+            cuda: None,
+        }
+    }
+
     #[test]
     fn transitions_count_consecutive_attempts_pass_first() {
         let mut a = task_result("a", true);
@@ -497,19 +514,7 @@ mod tests {
 
     #[test]
     fn paired_comparison_counts_discordant_tasks_by_id() {
-        let r = |v: &[(&str, bool)]| EvalResult {
-            tasks: v.iter().map(|(i, p)| task_result(i, *p)).collect(),
-            pass_at: BTreeMap::new(),
-            exec_at: BTreeMap::new(),
-            outcomes: BTreeMap::new(),
-            samples_per_task: 1,
-            temperature: 0.0,
-            seconds: 0.0,
-            strategy: zero_shot_label(),
-            transitions: Transitions::default(),
-            strategy_stats: BTreeMap::new(),
-            cuda: None,
-        };
+        let r = |v: &[(&str, bool)]| result_of(v.iter().map(|(i, p)| task_result(i, *p)).collect());
         let after = r(&[("a", true), ("b", true), ("c", false), ("d", true)]);
         // Different order and a task the other side lacks ("e").
         let before = r(&[
@@ -526,25 +531,16 @@ mod tests {
 
     #[test]
     fn sign_test_counts_every_sample_per_task() {
-        let r = |v: &[(&str, usize, usize)]| EvalResult {
-            tasks: v
-                .iter()
-                .map(|&(id, passed, n)| {
-                    let mut t = task_result(id, passed > 0);
-                    (t.n, t.passed) = (n, passed);
-                    t
-                })
-                .collect(),
-            pass_at: BTreeMap::new(),
-            exec_at: BTreeMap::new(),
-            outcomes: BTreeMap::new(),
-            samples_per_task: 10,
-            temperature: 0.8,
-            seconds: 0.0,
-            strategy: zero_shot_label(),
-            transitions: Transitions::default(),
-            strategy_stats: BTreeMap::new(),
-            cuda: None,
+        let r = |v: &[(&str, usize, usize)]| {
+            result_of(
+                v.iter()
+                    .map(|&(id, passed, n)| {
+                        let mut t = task_result(id, passed > 0);
+                        (t.n, t.passed) = (n, passed);
+                        t
+                    })
+                    .collect(),
+            )
         };
         // First samples all pass on both sides (McNemar sees nothing), but
         // the pass counts differ: a higher on x and y, b higher on z, w tied;
