@@ -163,6 +163,19 @@ impl RunConfig {
                 );
             }
         }
+        // A strategy writes its own prompts; silently dropping the Table 7
+        // prompt that [meta] asks for would make the run something else.
+        if self.train.strategy != StrategyKind::ZeroShot
+            && self.meta.algorithm != MetaAlgorithm::Off
+            && self.meta.long_term
+            && self.meta.prompt == MetaPrompt::Table7
+        {
+            problems.push(
+                "meta.prompt",
+                "table7",
+                "[train] strategy writes its own prompts, so the Table 7 prompt would go unused: set [meta] prompt = \"zero-shot\" (long-term memory still records samples and supplies demonstrations) or [train] strategy = \"zero-shot\"",
+            );
+        }
         if problems.0.is_empty() {
             Ok(())
         } else {
@@ -1254,6 +1267,13 @@ mod tests {
         let p = problems_of("[train]\nstrategy = \"falcon\"\n");
         assert!(p.len() == 1 && p[0].contains("[meta]"), "{p:?}");
         assert!(problems_of("[train]\nstrategy = \"self-repair\"\n").is_empty());
+        // In the meta-loop a strategy's prompts replace Table 7, so that
+        // prompt must be turned off by name.
+        let meta = "[train]\nstrategy = \"self-repair\"\n[meta]\nalgorithm = \"fomaml\"\n";
+        let p = problems_of(meta);
+        assert!(p.len() == 1 && p[0].starts_with("meta.prompt"), "{p:?}");
+        assert!(problems_of(&format!("{meta}prompt = \"zero-shot\"\n")).is_empty());
+        assert!(problems_of(&format!("{meta}long_term = false\n")).is_empty());
     }
 
     #[test]

@@ -986,6 +986,56 @@ fn memcoder_rollouts_train_and_resume_exactly() {
     }
 }
 
+/// `[train] strategy` inside the meta-loop: θ's samples and each θ_i's
+/// query samples are whole MemoCoder repair runs with their attempt
+/// chains, long-term memory records the query samples, what the strategy
+/// learned is checkpointed with both memories, and 1 step + resume + 1
+/// equals 2 straight.
+#[test]
+fn repairing_rollouts_run_inside_the_meta_loop() {
+    use falcon_rl::config::{MetaPrompt, StrategyKind};
+    let dir = tmpdir();
+    setup(dir.path());
+    let tweak = |c: &mut RunConfig| {
+        meta_tweak("fomaml")(c);
+        c.meta.prompt = MetaPrompt::ZeroShot;
+        c.exec.uid_base = 62600;
+        c.generation.max_new_tokens = 12;
+        c.train.strategy = StrategyKind::Memocoder;
+        c.train.checkpoint_every = 1;
+        c.strategy.max_attempts = 2;
+        c.strategy.plans = 2;
+    };
+    let (full, _) = run_with(dir.path(), 2, false, "meta-mc-full", Mode::Rl, tweak);
+    let (first, _) = run_with(dir.path(), 1, false, "meta-mc-split", Mode::Rl, tweak);
+    let (rest, _) = run_with(dir.path(), 2, true, "meta-mc-split", Mode::Rl, tweak);
+    assert_eq!((first.len(), rest.len()), (1, 1));
+    for (a, b) in full.iter().zip(first.iter().chain(&rest)) {
+        assert_eq!(a.loss, b.loss, "step {}", a.step);
+        assert_eq!(a.reward, b.reward, "step {}", a.step);
+        assert!(a.loss["inner"].is_finite() && a.loss["total"].is_finite());
+    }
+    let run_dir = dir.path().join("runs/meta-mc-split");
+    assert!(run_dir.join("step-1/rollout_state.json").is_file());
+    assert!(run_dir.join("step-1/short_term.safetensors").is_file());
+    // 3 reference solutions + 2 steps x 2 tasks x 3 query samples.
+    assert_eq!(long_term_rows(&run_dir), 3 + 2 * 6);
+    let samples =
+        std::fs::read_to_string(dir.path().join("runs/meta-mc-full/samples.jsonl")).unwrap();
+    let chains: Vec<usize> = samples
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["attempts"].as_array().unwrap().len()
+        })
+        .collect();
+    // Per step: θ's 2 x 3 samples, then θ_i's 3 query samples per task.
+    assert_eq!(chains.len(), 2 * 12);
+    assert!(chains.iter().all(|&n| (1..=2).contains(&n)), "{chains:?}");
+    // A random model fails its guiding test: queries were repaired too.
+    assert!(chains[6..12].contains(&2), "{chains:?}");
+}
+
 /// `[train] autocast = "bf16"` on CPU: the update's forward passes run their
 /// matmuls in bf16, weights and gradients stay fp32. SFT on the same
 /// examples gives a first loss within bf16 precision of the fp32 run's, and

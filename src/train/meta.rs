@@ -613,7 +613,7 @@ impl Trainer<'_> {
         let g = t.group_size;
         // Line 8: generate with θ and record in short-term memory (after the
         // inner mini-batches are drawn, so they come from earlier steps).
-        let support = self.rollout(&tasks, &prompts, g, seed, &mut seconds)?;
+        let support = self.sample(&tasks, &prompts, g, seed, &mut seconds)?;
         let q = if m.query_size == 0 { g } else { m.query_size };
         let inner = InnerLoop {
             steps: m.inner_steps,
@@ -681,7 +681,7 @@ impl Trainer<'_> {
                 .map(|(n, x)| (n.clone(), x.shallow_clone()))
                 .collect();
             self.policy.swap_adapters(&mut slot)?;
-            let qr = self.rollout(
+            let qr = self.sample(
                 &[*task],
                 &prompts[i..=i],
                 q,

@@ -25,7 +25,7 @@ use super::optim::{
     clip_grad_norm, zero_grad, AdamW, AdamWConfig, LrSchedule, OptimError, Optimizer, Sgd,
     SgdConfig,
 };
-use crate::config::{MetaAlgorithm, OptimizerKind, RunConfig, StrategyKind};
+use crate::config::{MetaAlgorithm, OptimizerKind, RunConfig};
 use crate::eval::{evaluate, EvalResult, EvalSpec};
 use crate::exec::{ExecReport, RewardClass, Sandbox};
 use crate::fsutil::WriteError;
@@ -393,13 +393,6 @@ impl<'a> Trainer<'a> {
                 observer.on_message(&format!("initial weights from {}", init.display()));
             }
         }
-        if me.cfg.train.strategy != StrategyKind::ZeroShot
-            && me.cfg.meta.algorithm != MetaAlgorithm::Off
-        {
-            return Err(TrainError::Invalid(
-                "[train] strategy: strategy rollouts run in the single-level loop; set [meta] algorithm = \"off\" or strategy = \"zero-shot\"".into(),
-            ));
-        }
         me.strategy = training_strategy(&me.cfg)
             .map_err(|e| TrainError::Invalid(format!("[train] strategy: {e}")))?;
         if let (Some(r), Some(dir)) = (me.strategy.as_mut(), &resumed_from) {
@@ -748,18 +741,7 @@ impl<'a> Trainer<'a> {
             .map(|task| task_prompt(&t.instruction, task))
             .collect();
         let mut seconds = BTreeMap::new();
-        let ro = match self.strategy.take() {
-            None => self.rollout(&tasks, &prompts, t.group_size, seed, &mut seconds)?,
-            Some(mut r) => {
-                let solved =
-                    self.strategy_rollout(r.as_mut(), &tasks, t.group_size, seed, &mut seconds);
-                self.strategy = Some(r);
-                let (comps, attempts) = solved?;
-                let mut ro = self.score(&tasks, comps, t.group_size, &mut seconds)?;
-                ro.attempts = attempts;
-                ro
-            }
-        };
+        let ro = self.sample(&tasks, &prompts, t.group_size, seed, &mut seconds)?;
 
         let t0 = Instant::now();
         let lr = self.schedule.lr_at(self.step);
@@ -783,11 +765,34 @@ impl<'a> Trainer<'a> {
         .collect()
     }
 
+    /// `g` scored samples per task with the policy as it is now (fast
+    /// weights included): from the rollout strategy when `[train] strategy`
+    /// names one (it writes its own prompts, so `prompts` is unused), else
+    /// from `prompts` in one batch.
+    pub(super) fn sample(
+        &mut self,
+        tasks: &[&Task],
+        prompts: &[String],
+        g: usize,
+        seed: u64,
+        seconds: &mut BTreeMap<String, f64>,
+    ) -> Result<Rollout, TrainError> {
+        let Some(mut r) = self.strategy.take() else {
+            return self.rollout(tasks, prompts, g, seed, seconds);
+        };
+        let solved = self.strategy_rollout(r.as_mut(), tasks, g, seed, seconds);
+        self.strategy = Some(r);
+        let (comps, attempts) = solved?;
+        let mut ro = self.score(tasks, comps, g, seconds)?;
+        ro.attempts = attempts;
+        Ok(ro)
+    }
+
     /// Generate `g` samples for each prompt (`prompts[i]` belongs to
     /// `tasks[i]`) with the policy as it is now (fast weights included),
     /// run them in the sandbox and score them: rewards, group advantages
     /// and fine-grained spans. Adds to `seconds`.
-    pub(super) fn rollout(
+    fn rollout(
         &mut self,
         tasks: &[&Task],
         prompts: &[String],
