@@ -3,8 +3,10 @@
 model, sampler and seeds (see scripts/bench-strategies for the arms).
 
 Writes one `falcon eval` result per (benchmark, strategy) under
-runs/bench-strategies/results/ and skips those already written, so an
-interrupted run continues where it stopped. Prints a markdown table with
+runs/bench-strategies/results/ and a copy under results/bench-strategies/
+(committed, so finished arms outlive the machine), and skips those already
+written for the same task count and n, so an interrupted run continues where
+it stopped. Prints a markdown table with
 McNemar's exact test of each strategy against zero-shot on the same tasks
 (first sample per task).
 """
@@ -26,6 +28,8 @@ SHARED = os.path.join(ROOT, "..", "shared", "data")
 # which finds no `pyvenv.cfg` and so none of the venv's packages (ndonnx, numpy). An earlier
 # NdonnxEval run scored every sample, reference solutions included, as ImportError that way.
 VENV_PY = os.path.join(ROOT, ".venv", "bin", "python")
+# Finished arms, kept in the repository: an arm takes an hour or more on 2 CPU cores.
+KEPT = os.path.join(ROOT, "results", "bench-strategies")
 
 
 def humaneval_file():
@@ -118,6 +122,20 @@ def config(name, bench, strategy, args):
     return "\n".join(lines) + "\n"
 
 
+def finished(bench, strategy, args):
+    """The result of an arm run before with this task count and n: from this machine's
+    runs/, else from the kept results/. A result of another size is not this arm's."""
+    tasks = task_source(bench, args)[2]
+    n = 1 if bench == "ndonnx" else args.n
+    for d in (os.path.join(OUT, "results"), KEPT):
+        path = os.path.join(d, f"{bench}-{strategy}.json")
+        if os.path.exists(path):
+            r = json.load(open(path))
+            if len(r["tasks"]) == tasks and r["samples_per_task"] == n:
+                return path
+    return None
+
+
 def mcnemar(b, c):
     n = b + c
     if n == 0:
@@ -161,8 +179,9 @@ def main():
     for bench, strategy in [] if args.table else arms:
         name = f"{bench}-{strategy}"
         out = os.path.join(OUT, "results", name + ".json")
-        if os.path.exists(out):
-            print(f"[bench] {name}: done before, not rerun", file=sys.stderr)
+        done = finished(bench, strategy, args)
+        if done:
+            print(f"[bench] {name}: done before ({done}), not rerun", file=sys.stderr)
             continue
         if strategy == "falcon" and not os.path.exists(os.path.join(args.falcon_memory, "memory.sqlite")):
             print(f"[bench] {name}: skipped, no memory.sqlite in {args.falcon_memory} "
@@ -178,18 +197,21 @@ def main():
         t0 = time.time()
         subprocess.run([falcon_bin, "eval", "--config", cfg, "--out", out], check=True)
         print(f"[bench] {name}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+        os.makedirs(KEPT, exist_ok=True)
+        shutil.copyfile(out, os.path.join(KEPT, name + ".json.tmp"))
+        os.replace(os.path.join(KEPT, name + ".json.tmp"), os.path.join(KEPT, name + ".json"))
 
     print("| benchmark | strategy | tasks | n | pass@1 | pass@5 | exec@1 | seconds | vs zero-shot (only this / only zero-shot, p) | memory |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for bench, strategy in arms:
-        path = os.path.join(OUT, "results", f"{bench}-{strategy}.json")
-        if not os.path.exists(path):
+        path = finished(bench, strategy, args)
+        if not path:
             continue
         r = json.load(open(path))
         base_name = "doc-rag" if bench == "ndonnx" else "zero-shot"
-        base_path = os.path.join(OUT, "results", f"{bench}-{base_name}.json")
+        base_path = finished(bench, base_name, args)
         cmp = ""
-        if strategy != base_name and os.path.exists(base_path):
+        if strategy != base_name and base_path:
             mine, theirs = first_pass(r), first_pass(json.load(open(base_path)))
             b = sum(1 for k, v in mine.items() if v and not theirs.get(k, True))
             c = sum(1 for k, v in mine.items() if not v and theirs.get(k, False))
