@@ -1392,15 +1392,11 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
         list.len(),
         cfg.eval.n
     );
-    let bar = progress_bar(list.len() as u64 * cfg.eval.n as u64, "samples");
+    let mut progress = Progress::new(list.len() as u64 * cfg.eval.n as u64, "samples");
     let result = evaluate_strategy(strategy.as_mut(), &env, &list, &cfg.eval, &mut |done, _| {
-        if let Some(b) = &bar {
-            b.set_position(done as u64);
-        }
+        progress.set(done as u64)
     })?;
-    if let Some(b) = &bar {
-        b.finish_and_clear();
-    }
+    progress.finish();
     for (k, v) in &result.pass_at {
         println!("pass@{k}\t{:.4}", v);
     }
@@ -1529,17 +1525,76 @@ fn cmd_eval_compare(a: &Path, b: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A progress bar on stderr when it is a terminal; `None` otherwise.
-fn progress_bar(len: u64, unit: &str) -> Option<indicatif::ProgressBar> {
-    use std::io::IsTerminal;
-    std::io::stderr().is_terminal().then(|| {
-        indicatif::ProgressBar::new(len).with_style(
-            indicatif::ProgressStyle::with_template(&format!(
-                "{{pos}}/{{len}} {unit} {{bar:30}} eta {{eta}}"
-            ))
-            .expect("static template"),
-        )
-    })
+/// Progress of a long job on stderr: a bar on a terminal; otherwise (the
+/// log of an unattended run, where a bar draws nothing) a line at most once
+/// a minute, so an hour-long evaluation is not silent.
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    len: u64,
+    unit: &'static str,
+    start: Instant,
+    last: Instant,
+}
+
+impl Progress {
+    const LINE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+    fn new(len: u64, unit: &'static str) -> Self {
+        use std::io::IsTerminal;
+        let bar = std::io::stderr().is_terminal().then(|| {
+            indicatif::ProgressBar::new(len).with_style(
+                indicatif::ProgressStyle::with_template(&format!(
+                    "{{pos}}/{{len}} {unit} {{bar:30}} eta {{eta}}"
+                ))
+                .expect("static template"),
+            )
+        });
+        let now = Instant::now();
+        Progress {
+            bar,
+            len,
+            unit,
+            start: now,
+            last: now,
+        }
+    }
+
+    fn set(&mut self, done: u64) {
+        if let Some(b) = &self.bar {
+            b.set_position(done);
+            return;
+        }
+        if done == 0 || done >= self.len || self.last.elapsed() < Self::LINE_EVERY {
+            return;
+        }
+        self.last = Instant::now();
+        let secs = self.start.elapsed().as_secs_f64();
+        let eta = secs * (self.len - done) as f64 / done as f64;
+        eprintln!(
+            "falcon: {done}/{} {} ({:.0}%) in {}, eta {}",
+            self.len,
+            self.unit,
+            100.0 * done as f64 / self.len.max(1) as f64,
+            minutes(secs),
+            minutes(eta)
+        );
+    }
+
+    fn finish(self) {
+        if let Some(b) = self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// `1h02m`, `12m05s` or `42s`.
+fn minutes(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    match (s / 3600, s / 60 % 60, s % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s:02}s"),
+        (h, m, _) => format!("{h}h{m:02}m"),
+    }
 }
 
 fn cmd_report(args: ReportArgs) -> Result<()> {
@@ -1659,4 +1714,17 @@ fn cmd_ablate(args: AblateArgs) -> Result<()> {
         out.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::minutes;
+
+    #[test]
+    fn durations_read_like_a_clock() {
+        assert_eq!(minutes(42.4), "42s");
+        assert_eq!(minutes(725.0), "12m05s");
+        assert_eq!(minutes(3725.0), "1h02m");
+        assert_eq!(minutes(-3.0), "0s");
+    }
 }
