@@ -872,6 +872,27 @@ fn a_time_budget_stops_with_a_checkpoint() {
     assert!(dir.path().join("runs/budget/step-5").is_dir());
 }
 
+/// Two RL steps straight as run `{name}-full`, and one step then a resume
+/// for the second as `{name}-split`: each step's losses and rewards must be
+/// the same in both, and finite. Returns the straight run's records.
+fn two_steps_equal_one_plus_resume(
+    dir: &Path,
+    name: &str,
+    tweak: impl FnOnce(&mut RunConfig) + Copy,
+) -> Vec<StepRecord> {
+    let (full_name, split_name) = (format!("{name}-full"), format!("{name}-split"));
+    let (full, _) = run_with(dir, 2, false, &full_name, Mode::Rl, tweak);
+    let (first, _) = run_with(dir, 1, false, &split_name, Mode::Rl, tweak);
+    let (rest, _) = run_with(dir, 2, true, &split_name, Mode::Rl, tweak);
+    assert_eq!((first.len(), rest.len()), (1, 1));
+    for (a, b) in full.iter().zip(first.iter().chain(&rest)) {
+        assert_eq!(a.loss, b.loss, "{name} step {}", a.step);
+        assert_eq!(a.reward, b.reward, "{name} step {}", a.step);
+        assert!(a.loss["total"].is_finite());
+    }
+    full
+}
+
 /// `[train] strategy = "memocoder"`: the policy learns from the repair
 /// loop's final answers under the prompts that produced them; samples carry
 /// their attempt chains; what the strategy learned is checkpointed, and
@@ -888,15 +909,7 @@ fn repairing_rollouts_train_and_resume_exactly() {
         c.strategy.max_attempts = 2;
         c.strategy.plans = 2;
     };
-    let (full, _) = run_with(dir.path(), 2, false, "mc-full", Mode::Rl, tweak);
-    let (first, _) = run_with(dir.path(), 1, false, "mc-split", Mode::Rl, tweak);
-    let (rest, _) = run_with(dir.path(), 2, true, "mc-split", Mode::Rl, tweak);
-    assert_eq!((first.len(), rest.len()), (1, 1));
-    for (a, b) in full.iter().zip(first.iter().chain(&rest)) {
-        assert_eq!(a.loss, b.loss, "step {}", a.step);
-        assert_eq!(a.reward, b.reward, "step {}", a.step);
-        assert!(a.loss["total"].is_finite());
-    }
+    two_steps_equal_one_plus_resume(dir.path(), "mc", tweak);
     let state: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(dir.path().join("runs/mc-split/step-1/rollout_state.json"))
             .unwrap(),
@@ -953,17 +966,8 @@ fn memcoder_rollouts_train_and_resume_exactly() {
             c.memory.k_doc = 2;
             c.generation.max_new_tokens = 12;
         };
-        let full_name = format!("{name}-full");
+        two_steps_equal_one_plus_resume(dir.path(), name, tweak);
         let split_name = format!("{name}-split");
-        let (full, _) = run_with(dir.path(), 2, false, &full_name, Mode::Rl, tweak);
-        let (first, _) = run_with(dir.path(), 1, false, &split_name, Mode::Rl, tweak);
-        let (rest, _) = run_with(dir.path(), 2, true, &split_name, Mode::Rl, tweak);
-        assert_eq!((first.len(), rest.len()), (1, 1));
-        for (a, b) in full.iter().zip(first.iter().chain(&rest)) {
-            assert_eq!(a.loss, b.loss, "{name} step {}", a.step);
-            assert_eq!(a.reward, b.reward, "{name} step {}", a.step);
-            assert!(a.loss["total"].is_finite());
-        }
         let state = |step: u64| -> serde_json::Value {
             let p = dir
                 .path()
@@ -1006,15 +1010,8 @@ fn repairing_rollouts_run_inside_the_meta_loop() {
         c.strategy.max_attempts = 2;
         c.strategy.plans = 2;
     };
-    let (full, _) = run_with(dir.path(), 2, false, "meta-mc-full", Mode::Rl, tweak);
-    let (first, _) = run_with(dir.path(), 1, false, "meta-mc-split", Mode::Rl, tweak);
-    let (rest, _) = run_with(dir.path(), 2, true, "meta-mc-split", Mode::Rl, tweak);
-    assert_eq!((first.len(), rest.len()), (1, 1));
-    for (a, b) in full.iter().zip(first.iter().chain(&rest)) {
-        assert_eq!(a.loss, b.loss, "step {}", a.step);
-        assert_eq!(a.reward, b.reward, "step {}", a.step);
-        assert!(a.loss["inner"].is_finite() && a.loss["total"].is_finite());
-    }
+    let full = two_steps_equal_one_plus_resume(dir.path(), "meta-mc", tweak);
+    assert!(full.iter().all(|r| r.loss["inner"].is_finite()));
     let run_dir = dir.path().join("runs/meta-mc-split");
     assert!(run_dir.join("step-1/rollout_state.json").is_file());
     assert!(run_dir.join("step-1/short_term.safetensors").is_file());

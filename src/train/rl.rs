@@ -768,7 +768,9 @@ impl<'a> Trainer<'a> {
     /// `g` scored samples per task with the policy as it is now (fast
     /// weights included): from the rollout strategy when `[train] strategy`
     /// names one (it writes its own prompts, so `prompts` is unused), else
-    /// from `prompts` in one batch.
+    /// one batch of `g` samples per prompt (`prompts[i]` belongs to
+    /// `tasks[i]`). Scoring is the sandbox, rewards, group advantages and
+    /// fine-grained spans; time goes to `seconds`.
     pub(super) fn sample(
         &mut self,
         tasks: &[&Task],
@@ -777,32 +779,14 @@ impl<'a> Trainer<'a> {
         seed: u64,
         seconds: &mut BTreeMap<String, f64>,
     ) -> Result<Rollout, TrainError> {
-        let Some(mut r) = self.strategy.take() else {
-            return self.rollout(tasks, prompts, g, seed, seconds);
-        };
-        let solved = self.strategy_rollout(r.as_mut(), tasks, g, seed, seconds);
-        self.strategy = Some(r);
-        let (comps, attempts) = solved?;
-        let mut ro = self.score(tasks, comps, g, seconds)?;
-        ro.attempts = attempts;
-        Ok(ro)
-    }
-
-    /// Generate `g` samples for each prompt (`prompts[i]` belongs to
-    /// `tasks[i]`) with the policy as it is now (fast weights included),
-    /// run them in the sandbox and score them: rewards, group advantages
-    /// and fine-grained spans. Adds to `seconds`.
-    fn rollout(
-        &mut self,
-        tasks: &[&Task],
-        prompts: &[String],
-        g: usize,
-        seed: u64,
-        seconds: &mut BTreeMap<String, f64>,
-    ) -> Result<Rollout, TrainError> {
-        let mut add = |k: &str, t0: Instant| {
-            *seconds.entry(k.to_owned()).or_insert(0.0) += t0.elapsed().as_secs_f64();
-        };
+        if let Some(mut r) = self.strategy.take() {
+            let solved = self.strategy_rollout(r.as_mut(), tasks, g, seed, seconds);
+            self.strategy = Some(r);
+            let (comps, attempts) = solved?;
+            let mut ro = self.score(tasks, comps, g, seconds)?;
+            ro.attempts = attempts;
+            return Ok(ro);
+        }
         let expanded: Vec<String> = prompts
             .iter()
             .flat_map(|p| std::iter::repeat_n(p.clone(), g))
@@ -810,7 +794,7 @@ impl<'a> Trainer<'a> {
         let params = generation_params(&self.cfg.generation, seed);
         let t0 = Instant::now();
         let comps = self.policy.generate(&expanded, &params)?;
-        add("generate", t0);
+        *seconds.entry("generate".to_owned()).or_insert(0.0) += t0.elapsed().as_secs_f64();
         self.score(tasks, comps, g, seconds)
     }
 
