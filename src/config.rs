@@ -694,6 +694,21 @@ pub enum CudaMode {
     Device,
 }
 
+/// The clock `[exec] timeout_s` is measured on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecClock {
+    /// CPU seconds of the candidate process. The same code times out the
+    /// same way however busy the machine is, so a sample's reward (and a
+    /// rerun) does not depend on what else runs; `wall_timeout_s` catches
+    /// code that sleeps or blocks.
+    #[default]
+    Cpu,
+    /// Wall-clock seconds: a sample near the limit may pass on an idle
+    /// machine and time out on a busy one.
+    Wall,
+}
+
 /// `[exec]`: the sandbox that runs candidate code (see docs/sandbox.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -706,8 +721,13 @@ pub struct ExecConfig {
     pub python: String,
     /// The bubblewrap binary.
     pub bwrap: String,
-    /// Wall-clock limit per test, seconds.
+    /// Limit per test, seconds on `clock`.
     pub timeout_s: f64,
+    /// What `timeout_s` measures: `"cpu"` (default) or `"wall"`.
+    pub clock: ExecClock,
+    /// `clock = "cpu"`: wall-clock limit per test for code that sleeps or
+    /// blocks; 0 = 3 × `timeout_s`. Unused with `clock = "wall"`.
+    pub wall_timeout_s: f64,
     /// CPU-seconds limit per test; 0 = `ceil(timeout_s) + 1`.
     pub cpu_s: u64,
     /// Address-space limit of the candidate process, MiB.
@@ -747,6 +767,8 @@ impl Default for ExecConfig {
             python: "python3".to_owned(),
             bwrap: "bwrap".to_owned(),
             timeout_s: EXEC_DEFAULT_TIMEOUT_S,
+            clock: ExecClock::Cpu,
+            wall_timeout_s: 0.0,
             cpu_s: 0,
             memory_mb: EXEC_DEFAULT_MEMORY_MB,
             file_size_mb: EXEC_DEFAULT_FILE_SIZE_MB,
@@ -767,6 +789,17 @@ impl Default for ExecConfig {
     }
 }
 
+impl ExecConfig {
+    /// The wall-clock seconds a test may take before the worker kills it.
+    pub fn wall_limit_s(&self) -> f64 {
+        match self.clock {
+            ExecClock::Wall => self.timeout_s,
+            ExecClock::Cpu if self.wall_timeout_s > 0.0 => self.wall_timeout_s,
+            ExecClock::Cpu => 3.0 * self.timeout_s,
+        }
+    }
+}
+
 impl Section for ExecConfig {
     fn validate_into(&self, path: &str, problems: &mut Problems) {
         if !(self.timeout_s > 0.0 && self.timeout_s <= 3600.0) {
@@ -774,6 +807,16 @@ impl Section for ExecConfig {
                 &format!("{path}.timeout_s"),
                 self.timeout_s,
                 "must be in (0, 3600] seconds",
+            );
+        }
+        // A backstop below the CPU limit would make the clock choice moot.
+        if self.wall_timeout_s != 0.0
+            && !(self.wall_timeout_s >= self.timeout_s && self.wall_timeout_s <= 3.0 * 3600.0)
+        {
+            problems.push(
+                &format!("{path}.wall_timeout_s"),
+                self.wall_timeout_s,
+                "must be 0 (= 3 x timeout_s) or in [timeout_s, 10800] seconds",
             );
         }
         if !(self.cuda_memory_fraction > 0.0 && self.cuda_memory_fraction <= 1.0) {
@@ -1295,6 +1338,32 @@ mod tests {
         assert!(
             problems_of("[exec]\ncuda_memory_fraction = 1.0\nreuse_child = false\n").is_empty()
         );
+    }
+
+    #[test]
+    fn exec_clock_and_wall_backstop() {
+        let c = RunConfig::from_toml_str("[exec]\ntimeout_s = 2.0\n", "t.toml").unwrap();
+        assert_eq!((c.exec.clock, c.exec.wall_limit_s()), (ExecClock::Cpu, 6.0));
+        let c = RunConfig::from_toml_str(
+            "[exec]\ntimeout_s = 2.0\nclock = \"wall\"\nwall_timeout_s = 9.0\n",
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            (c.exec.clock, c.exec.wall_limit_s()),
+            (ExecClock::Wall, 2.0)
+        );
+        let c =
+            RunConfig::from_toml_str("[exec]\ntimeout_s = 2.0\nwall_timeout_s = 9.0\n", "t.toml")
+                .unwrap();
+        assert_eq!(c.exec.wall_limit_s(), 9.0);
+        let problems = problems_of("[exec]\ntimeout_s = 2.0\nwall_timeout_s = 1.0\n");
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("exec.wall_timeout_s = 1"),
+            "{problems:?}"
+        );
+        assert!(RunConfig::from_toml_str("[exec]\nclock = \"monotonic\"\n", "t.toml").is_err());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::net::TcpListener;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use falcon_rl::config::ExecConfig;
+use falcon_rl::config::{ExecClock, ExecConfig};
 use falcon_rl::exec::{ErrorKind, ExecReport, RewardClass, Sandbox, TestStatus};
 use falcon_rl::task::{Task, TaskKind};
 
@@ -504,7 +504,15 @@ fn tests_share_a_process_only_while_they_pass() {
 /// budget, also when earlier tests shared a process.
 #[test]
 fn reused_process_gets_a_fresh_time_budget_per_test() {
-    let sb = sandbox(62180);
+    let cfg = ExecConfig {
+        workers: 1,
+        uid_base: 62180,
+        timeout_s: 1.0,
+        memory_mb: 512,
+        clock: ExecClock::Wall,
+        ..ExecConfig::default()
+    };
+    let sb = Sandbox::new(&cfg).unwrap_or_else(|e| panic!("sandbox: {e}"));
     let code = "import time\ndef f(s):\n    time.sleep(s)\n    return s\n";
     let t = task(&[
         "assert f(0.6) == 0.6",
@@ -524,6 +532,56 @@ fn reused_process_gets_a_fresh_time_budget_per_test() {
         })
         .collect();
     assert_eq!(kinds, [None, None, Some(ErrorKind::Timeout), None], "{r:?}");
+}
+
+/// The default CPU clock: sleeping costs no budget, working does, and a
+/// candidate that sleeps past the wall-clock backstop, or silences our CPU
+/// timer and spins, still times out. The wall clock counts the same sleep.
+#[test]
+fn cpu_clock_counts_work_not_sleep() {
+    let cpu = ExecConfig {
+        workers: 1,
+        uid_base: 62610,
+        timeout_s: 1.0,
+        wall_timeout_s: 4.0,
+        memory_mb: 512,
+        ..ExecConfig::default()
+    };
+    assert_eq!(cpu.clock, ExecClock::Cpu);
+    let sb = Sandbox::new(&cpu).unwrap_or_else(|e| panic!("sandbox: {e}"));
+    let naps = "import time\ndef f(a, b):\n    time.sleep(1.5)\n    return a + b\n";
+    let r = sb.run(&add_task(), naps);
+    assert_eq!(r.outcome, Some(RewardClass::Pass), "{r:?}");
+    let burns = "import time\ndef f(a, b):\n    t = time.process_time()\n    \
+                 while time.process_time() - t < 5:\n        pass\n    return a + b\n";
+    let one = task(&["assert f(1, 2) == 3"]);
+    let r = sb.run(&one, burns);
+    assert_eq!(first_kind(&r), Some(ErrorKind::Timeout), "{r:?}");
+    let t0 = Instant::now();
+    let sleeper = "import time\ndef f(a, b):\n    time.sleep(30)\n    return a + b\n";
+    let r = sb.run(&one, sleeper);
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert_eq!(first_kind(&r), Some(ErrorKind::Timeout), "{r:?}");
+    assert!(
+        matches!(&r.tests[0].status, TestStatus::Error { message, .. }
+            if message.contains("wall-clock limit of 4s")),
+        "{r:?}"
+    );
+    let deaf = "import signal\nsignal.signal(signal.SIGPROF, signal.SIG_IGN)\n\
+                def f(a, b):\n    while True:\n        pass\n";
+    let r = sb.run(&one, deaf);
+    assert_eq!(first_kind(&r), Some(ErrorKind::Timeout), "{r:?}");
+    assert_contained(&sb, 62610, &r, "silenced CPU timer");
+
+    let wall = ExecConfig {
+        clock: ExecClock::Wall,
+        uid_base: 62620,
+        ..cpu
+    };
+    let sb = Sandbox::new(&wall).unwrap_or_else(|e| panic!("sandbox: {e}"));
+    let r = sb.run(&one, naps);
+    assert_eq!(first_kind(&r), Some(ErrorKind::Timeout), "{r:?}");
+    assert_contained(&sb, 62620, &r, "nap on the wall clock");
 }
 
 /// `isolation = "none"` (no namespaces; warns once) still runs jobs in

@@ -195,14 +195,14 @@ impl Sandbox {
     pub fn run(&self, task: &Task, code: &str) -> ExecReport {
         let t0 = Instant::now();
         let cfg = &self.pool.launch.cfg;
-        let job = protocol::Job::new(task, code, cfg.timeout_s);
+        let job = protocol::Job::new(task, code, cfg);
         let body = match serde_json::to_vec(&job) {
             Ok(b) => b,
             Err(e) => return ExecReport::no_signal(format!("sandbox: cannot encode job: {e}")),
         };
         // Each test gets its limit plus the worker's grace and clean-up; a
         // worker that overruns this is hung and is killed.
-        let per_test = cfg.timeout_s + 2.0;
+        let per_test = cfg.wall_limit_s() + 2.0;
         let deadline = t0 + Duration::from_secs_f64(per_test * task.tests.len() as f64 + 10.0);
         let cap = (cfg.output_bytes + (1 << 20)) * 4 + 64 * task.tests.len() * 1024;
         let attempt = || {

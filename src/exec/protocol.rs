@@ -10,6 +10,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::outcome::{ErrorKind, ExecReport, TestResult, TestStatus};
+use crate::config::{ExecClock, ExecConfig};
 use crate::task::{Task, TaskKind};
 
 /// How the worker checks a test (see docs/sandbox.md).
@@ -41,18 +42,24 @@ pub struct Job<'a> {
     pub setup: Option<&'a str>,
     pub tests: &'a [String],
     pub mode: Mode,
-    /// Wall-clock seconds per test.
+    /// Seconds per test on `clock`.
     pub timeout: f64,
+    /// `"cpu"` or `"wall"`: what `timeout` measures.
+    pub clock: ExecClock,
+    /// Wall-clock seconds per test after which the worker kills the child.
+    pub wall: f64,
 }
 
 impl<'a> Job<'a> {
-    pub fn new(task: &'a Task, code: &'a str, timeout: f64) -> Self {
+    pub fn new(task: &'a Task, code: &'a str, cfg: &ExecConfig) -> Self {
         Job {
             code,
             setup: task.test_setup.as_deref().filter(|s| !s.trim().is_empty()),
             tests: &task.tests,
             mode: Mode::for_task(task),
-            timeout,
+            timeout: cfg.timeout_s,
+            clock: cfg.clock,
+            wall: cfg.wall_limit_s(),
         }
     }
 }
@@ -324,16 +331,30 @@ mod tests {
             tags: vec![],
             test_setup: Some("  \n".into()),
         };
-        let j = Job::new(&task, "def f(): return 1", 2.0);
+        let cfg = ExecConfig {
+            timeout_s: 2.0,
+            ..ExecConfig::default()
+        };
+        let j = Job::new(&task, "def f(): return 1", &cfg);
         assert_eq!((j.setup, j.mode), (None, Mode::Trusted));
+        // The CPU clock's wall-clock backstop defaults to 3 x the limit.
+        assert_eq!((j.timeout, j.clock, j.wall), (2.0, ExecClock::Cpu, 6.0));
+        let wall = ExecConfig {
+            clock: ExecClock::Wall,
+            wall_timeout_s: 9.0,
+            ..cfg.clone()
+        };
+        let j = Job::new(&task, "def f(): return 1", &wall);
+        assert_eq!((j.clock, j.wall), (ExecClock::Wall, 2.0));
         task.kind = TaskKind::NumbaCuda;
         task.test_setup = Some("import numpy as np".into());
-        let j = Job::new(&task, "", 2.0);
+        let j = Job::new(&task, "", &cfg);
         assert_eq!(
             (j.setup, j.mode),
             (Some("import numpy as np"), Mode::Program)
         );
         let text = serde_json::to_string(&j).unwrap();
         assert!(text.contains("\"mode\":\"program\""), "{text}");
+        assert!(text.contains("\"clock\":\"cpu\""), "{text}");
     }
 }

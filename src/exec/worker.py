@@ -261,6 +261,12 @@ def _on_alarm(signum, frame):
     raise _CandidateTimeout()
 
 
+# The child's own timer: CPU time (ITIMER_PROF) by default, so a test's
+# verdict does not depend on how busy the machine is; wall time on request.
+_TIMERS = {"cpu": (signal.ITIMER_PROF, signal.SIGPROF), "wall": (signal.ITIMER_REAL, signal.SIGALRM)}
+_timer = _TIMERS["wall"][0]
+
+
 def _exc_info(e):
     name = "Timeout" if isinstance(e, _CandidateTimeout) else type(e).__name__
     try:
@@ -295,7 +301,8 @@ def _span(f):
 SIM_THREADS = 1100
 
 
-def _child_main(code_obj, rfd, wfd, outfd, tdir, timeout, mode, setup, test, ntests):
+def _child_main(code_obj, rfd, wfd, outfd, tdir, timeout, clock, mode, setup, test, ntests):
+    global _timer
     try:
         os.setsid()
         os.dup2(NULL, 0)
@@ -338,8 +345,9 @@ def _child_main(code_obj, rfd, wfd, outfd, tdir, timeout, mode, setup, test, nte
         os.environ["TMPDIR"] = tdir
         sys.path[:] = [p for p in sys.path if p not in ("", ".")]
         sys.argv[:] = [CAND]
-        signal.signal(signal.SIGALRM, _on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, timeout)
+        _timer, signum = _TIMERS[clock]
+        signal.signal(signum, _on_alarm)
+        signal.setitimer(_timer, timeout)
     except BaseException:
         os._exit(71)
     try:
@@ -393,7 +401,7 @@ def _child_serve(code_obj, rfd, wfd, mode, setup, test):
             reply = {}
             if op == "rearm":
                 # The next test of a reused process: a fresh time budget.
-                signal.setitimer(signal.ITIMER_REAL, float(req["t"]))
+                signal.setitimer(_timer, float(req["t"]))
                 ru = resource.getrusage(resource.RUSAGE_SELF)
                 _, hard = resource.getrlimit(resource.RLIMIT_CPU)
                 soft = int(ru.ru_utime + ru.ru_stime) + LIM["cpu"]
@@ -507,12 +515,12 @@ def _candidate_exception(info):
 
 
 class Child:
-    def __init__(self, code_obj, tdir, outfd, timeout, mode, setup, test, ntests):
+    def __init__(self, code_obj, tdir, outfd, timeout, clock, mode, setup, test, ntests):
         r1, w1 = os.pipe()  # trusted -> child
         r2, w2 = os.pipe()  # child -> trusted
         pid = os.fork()
         if pid == 0:
-            _child_main(code_obj, r1, w2, outfd, tdir, timeout, mode, setup, test, ntests)
+            _child_main(code_obj, r1, w2, outfd, tdir, timeout, clock, mode, setup, test, ntests)
             os._exit(72)
         os.close(r1)
         os.close(w2)
@@ -850,6 +858,10 @@ def run_test(job, code_obj, i, outpath, st):
     a job: it is kept only after a pass (with `reuse_child`), so a test that
     failed, crashed or timed out never shares a process with the next one."""
     timeout = float(job["timeout"])
+    clock = job["clock"] if job.get("clock") in _TIMERS else "wall"
+    # The worker's own deadline is always wall time: it is what stops code
+    # that sleeps or blocks under the CPU clock.
+    wall = max(timeout, float(job.get("wall", timeout)))
     mode = job["mode"]
     setup = job.get("setup") or ""
     test = job["tests"][i]
@@ -857,11 +869,11 @@ def run_test(job, code_obj, i, outpath, st):
     outfd = None
     keep = False
     try:
-        signal.setitimer(signal.ITIMER_REAL, timeout + GRACE)
+        signal.setitimer(signal.ITIMER_REAL, wall + GRACE)
         if child is None:
             tdir = _fresh_tdir()
             outfd = os.open(outpath, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            child = Child(code_obj, tdir, outfd, timeout, mode, setup, test, len(job["tests"]))
+            child = Child(code_obj, tdir, outfd, timeout, clock, mode, setup, test, len(job["tests"]))
             st["child"] = child
             os.close(outfd)
             outfd = None
@@ -887,6 +899,8 @@ def run_test(job, code_obj, i, outpath, st):
     except Deadline:
         if child is not None:
             child.timed_out = True
+        if clock == "cpu":
+            return _result("error", "Timeout", "wall-clock limit of %gs exceeded (CPU limit %gs)" % (wall, timeout))
         return _result("error", "Timeout", "time limit of %gs exceeded" % timeout)
     except ChildGone as e:
         return _result("error", e.kind, e.message)
