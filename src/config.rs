@@ -726,7 +726,7 @@ pub struct ExecConfig {
     /// What `timeout_s` measures: `"cpu"` (default) or `"wall"`.
     pub clock: ExecClock,
     /// `clock = "cpu"`: wall-clock limit per test for code that sleeps or
-    /// blocks; 0 = 3 × `timeout_s`. Unused with `clock = "wall"`.
+    /// blocks; 0 = 3 × `timeout_s` + 10 s. Unused with `clock = "wall"`.
     pub wall_timeout_s: f64,
     /// CPU-seconds limit per test; 0 = `ceil(timeout_s) + 1`.
     pub cpu_s: u64,
@@ -795,7 +795,9 @@ impl ExecConfig {
         match self.clock {
             ExecClock::Wall => self.timeout_s,
             ExecClock::Cpu if self.wall_timeout_s > 0.0 => self.wall_timeout_s,
-            ExecClock::Cpu => 3.0 * self.timeout_s,
+            // Roomy, so that a CPU-bound test on a loaded machine (a quarter
+            // of a core) still ends on its CPU limit, not on this one.
+            ExecClock::Cpu => 3.0 * self.timeout_s + 10.0,
         }
     }
 }
@@ -816,7 +818,7 @@ impl Section for ExecConfig {
             problems.push(
                 &format!("{path}.wall_timeout_s"),
                 self.wall_timeout_s,
-                "must be 0 (= 3 x timeout_s) or in [timeout_s, 10800] seconds",
+                "must be 0 (= 3 x timeout_s + 10) or in [timeout_s, 10800] seconds",
             );
         }
         if !(self.cuda_memory_fraction > 0.0 && self.cuda_memory_fraction <= 1.0) {
@@ -1343,7 +1345,10 @@ mod tests {
     #[test]
     fn exec_clock_and_wall_backstop() {
         let c = RunConfig::from_toml_str("[exec]\ntimeout_s = 2.0\n", "t.toml").unwrap();
-        assert_eq!((c.exec.clock, c.exec.wall_limit_s()), (ExecClock::Cpu, 6.0));
+        assert_eq!(
+            (c.exec.clock, c.exec.wall_limit_s()),
+            (ExecClock::Cpu, 16.0)
+        );
         let c = RunConfig::from_toml_str(
             "[exec]\ntimeout_s = 2.0\nclock = \"wall\"\nwall_timeout_s = 9.0\n",
             "t.toml",

@@ -35,12 +35,14 @@ fn add_task() -> Task {
     task(&["assert f(1, 2) == 3", "assert f(-1, 1) == 0"])
 }
 
-/// A one-worker sandbox whose candidate uid is `uid`.
+/// A one-worker sandbox whose candidate uid is `uid`; candidates that sleep
+/// are stopped after 3 s of wall time.
 fn sandbox(uid: u32) -> Sandbox {
     let cfg = ExecConfig {
         workers: 1,
         uid_base: uid,
         timeout_s: 1.0,
+        wall_timeout_s: 3.0,
         memory_mb: 512,
         ..ExecConfig::default()
     };
@@ -543,7 +545,7 @@ fn cpu_clock_counts_work_not_sleep() {
         workers: 1,
         uid_base: 62610,
         timeout_s: 1.0,
-        wall_timeout_s: 4.0,
+        wall_timeout_s: 6.0,
         memory_mb: 512,
         ..ExecConfig::default()
     };
@@ -557,6 +559,23 @@ fn cpu_clock_counts_work_not_sleep() {
     let one = task(&["assert f(1, 2) == 3"]);
     let r = sb.run(&one, burns);
     assert_eq!(first_kind(&r), Some(ErrorKind::Timeout), "{r:?}");
+    // The timer counts the scheduler's exact runtime: 0.7 s of work fits a
+    // 1 s limit, and the limit fires after a full second of it (ITIMER_PROF,
+    // charged in whole ticks, fired after 0.8 s on a shared CPU).
+    let r = sb.run(&one, &burns.replace("< 5", "< 0.7"));
+    assert_eq!(r.outcome, Some(RewardClass::Pass), "{r:?}");
+    let clocked = "import time\ndef f(a, b):\n    t = time.process_time()\n    try:\n        \
+                   while True:\n            pass\n    except BaseException:\n        \
+                   raise ValueError(time.process_time() - t)\n";
+    let r = sb.run(&one, clocked);
+    let used: f64 = match &r.tests[0].status {
+        TestStatus::Error { message, .. } => message.parse().unwrap_or(-1.0),
+        _ => -1.0,
+    };
+    assert!(
+        (0.98..1.5).contains(&used),
+        "fired after {used} s of CPU: {r:?}"
+    );
     let t0 = Instant::now();
     let sleeper = "import time\ndef f(a, b):\n    time.sleep(30)\n    return a + b\n";
     let r = sb.run(&one, sleeper);
@@ -564,10 +583,10 @@ fn cpu_clock_counts_work_not_sleep() {
     assert_eq!(first_kind(&r), Some(ErrorKind::Timeout), "{r:?}");
     assert!(
         matches!(&r.tests[0].status, TestStatus::Error { message, .. }
-            if message.contains("wall-clock limit of 4s")),
+            if message.contains("wall-clock limit of 6s")),
         "{r:?}"
     );
-    let deaf = "import signal\nsignal.signal(signal.SIGPROF, signal.SIG_IGN)\n\
+    let deaf = "import signal\nfor s in (signal.SIGALRM, signal.SIGPROF):\n    signal.signal(s, signal.SIG_IGN)\n\
                 def f(a, b):\n    while True:\n        pass\n";
     let r = sb.run(&one, deaf);
     assert_eq!(first_kind(&r), Some(ErrorKind::Timeout), "{r:?}");

@@ -337,8 +337,8 @@ mod tests {
         };
         let j = Job::new(&task, "def f(): return 1", &cfg);
         assert_eq!((j.setup, j.mode), (None, Mode::Trusted));
-        // The CPU clock's wall-clock backstop defaults to 3 x the limit.
-        assert_eq!((j.timeout, j.clock, j.wall), (2.0, ExecClock::Cpu, 6.0));
+        // The CPU clock's wall-clock backstop defaults to 3 x the limit + 10 s.
+        assert_eq!((j.timeout, j.clock, j.wall), (2.0, ExecClock::Cpu, 16.0));
         let wall = ExecConfig {
             clock: ExecClock::Wall,
             wall_timeout_s: 9.0,
