@@ -114,7 +114,7 @@ def config(name, bench, strategy, args):
         "[eval]", f'path = "{tasks[0]}"', f'format = "{tasks[1]}"', f"max_tasks = {tasks[2]}",
         f"n = {n}", f"k = {[1] if n == 1 else [1, 5]}",
         f"temperature = {0.0 if n == 1 else 0.8}", f"top_p = {1.0 if n == 1 else 0.95}",
-        f"batch_size = {args.batch_size}",
+        f"batch_size = {args.batch_size}", f"checkpoint_tasks = {args.checkpoint_tasks}",
         "[strategy]", f'kind = "{strategy}"', f"max_attempts = {args.max_attempts}",
     ]
     if strategy == "falcon":
@@ -158,6 +158,8 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--max-attempts", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=40)
+    ap.add_argument("--checkpoint-tasks", type=int, default=10,
+                    help="tasks per kept group: a killed arm continues where it stopped when rerun")
     ap.add_argument("--embedder", default="minilm")
     ap.add_argument("--falcon-memory", default=os.path.join(ROOT, "runs", "bench-learning", "bench-learning-c"),
                     help="a run directory with memory.sqlite (scripts/bench-learning's arm c writes one)")

@@ -1966,6 +1966,12 @@ pub struct EvalConfig {
     pub top_p: f64,
     /// Prompts per generation call.
     pub batch_size: usize,
+    /// `falcon eval`: go this many tasks at a time and, with `--out FILE`,
+    /// keep each finished group in `FILE.partial/`, so that a killed
+    /// evaluation resumes where it stopped; 0 = all tasks at once, nothing
+    /// kept before the end. Groups batch samples differently, so results
+    /// with another value differ sample by sample (not in distribution).
+    pub checkpoint_tasks: usize,
 }
 
 impl Default for EvalConfig {
@@ -1980,6 +1986,7 @@ impl Default for EvalConfig {
             temperature: 0.0,
             top_p: 1.0,
             batch_size: 32,
+            checkpoint_tasks: 0,
         }
     }
 }

@@ -1285,7 +1285,7 @@ fn train_config(
 
 fn cmd_eval(args: EvalArgs) -> Result<()> {
     use falcon_rl::config::{GeneratorSource, StrategyKind};
-    use falcon_rl::eval::{evaluate_strategy, EvalSpec};
+    use falcon_rl::eval::{evaluate_in_groups, evaluate_strategy, EvalSpec, Partial};
     use falcon_rl::exec::Sandbox;
     use falcon_rl::model::openai::OpenAiGenerator;
     use falcon_rl::model::Generator;
@@ -1353,7 +1353,11 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
                 )
                 .into());
             };
-            Box::new(Prompted::given("falcon", memory_prompts(&cfg, run, &list)?))
+            Box::new(Prompted::given(
+                "falcon",
+                &list,
+                memory_prompts(&cfg, run, &list)?,
+            )?)
         }
         StrategyKind::SelfRepair => Box::new(Repair::new(RepairConfig::self_repair(sc))),
         StrategyKind::Memocoder => {
@@ -1393,9 +1397,38 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
         cfg.eval.n
     );
     let mut progress = Progress::new(list.len() as u64 * cfg.eval.n as u64, "samples");
-    let result = evaluate_strategy(strategy.as_mut(), &env, &list, &cfg.eval, &mut |done, _| {
-        progress.set(done as u64)
-    })?;
+    let mut tick = |done: usize, _| progress.set(done as u64);
+    let partial_dir = args.out.as_ref().map(|o| o.with_extension("partial"));
+    let result = if cfg.eval.checkpoint_tasks == 0 {
+        evaluate_strategy(strategy.as_mut(), &env, &list, &cfg.eval, &mut tick)?
+    } else {
+        let partial = partial_dir.as_deref().map(|dir| Partial {
+            dir,
+            made_with: serde_json::json!({
+                "config": &cfg,
+                "checkpoint": &args.checkpoint,
+                "memory": &args.memory,
+                "tasks": list.iter().map(|t| &t.id).collect::<Vec<_>>(),
+            }),
+        });
+        if let Some(p) = &partial {
+            if p.dir.join("manifest.json").exists() {
+                eprintln!(
+                    "falcon: continuing the partial evaluation in {}",
+                    p.dir.display()
+                );
+            }
+        }
+        evaluate_in_groups(
+            strategy.as_mut(),
+            &env,
+            &list,
+            &cfg.eval,
+            cfg.eval.checkpoint_tasks,
+            partial.as_ref(),
+            &mut tick,
+        )?
+    };
     progress.finish();
     for (k, v) in &result.pass_at {
         println!("pass@{k}\t{:.4}", v);
@@ -1450,6 +1483,12 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
             out.display(),
             lines.display()
         );
+        if let Some(dir) = partial_dir.filter(|d| d.exists()) {
+            // The result is written: the groups are no longer needed.
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                eprintln!("falcon: warning: could not remove {}: {e}", dir.display());
+            }
+        }
     }
     Ok(())
 }

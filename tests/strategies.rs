@@ -2,10 +2,11 @@
 //! sandbox: what each prompt showed, what was retrieved, injected, learned
 //! and evolved at each step, and the attempt chains evaluation reports.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use falcon_rl::config::{EvalConfig, ExecConfig, GenerationConfig, StrategyConfig};
-use falcon_rl::eval::{evaluate_strategy, EvalSpec};
+use falcon_rl::eval::{evaluate_in_groups, evaluate_strategy, EvalSpec, Partial};
 use falcon_rl::exec::{MemoCoderClass, Sandbox};
 use falcon_rl::memory::fixes::FixesConfig;
 use falcon_rl::memory::memcoder::{ApiDoc, MemCoderParams};
@@ -172,6 +173,162 @@ fn memocoder_answer(p: &str) -> String {
 
 const MENTOR_ANSWER: &str =
     "1. Define every variable before the line that uses it.\n2. Spell names as in the task.";
+
+/// MemoCoder's scripted code writer with the call's seed written into the
+/// code, failing every call from `fail_from` on (to the evaluation, a
+/// process killed there).
+struct Seeded {
+    seen: Mutex<Vec<String>>,
+    calls: AtomicUsize,
+    fail_from: usize,
+}
+
+impl Seeded {
+    fn new(fail_from: usize) -> Self {
+        Seeded {
+            seen: Mutex::new(Vec::new()),
+            calls: AtomicUsize::new(0),
+            fail_from,
+        }
+    }
+}
+
+impl Generator for Seeded {
+    fn generate(
+        &self,
+        prompts: &[String],
+        params: &GenerationParams,
+    ) -> Result<Vec<Completion>, ModelError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) >= self.fail_from {
+            return Err(ModelError::Invalid("killed".into()));
+        }
+        let seed = params.seed.expect("evaluation calls are seeded");
+        let mut seen = self.seen.lock().unwrap();
+        Ok(prompts
+            .iter()
+            .map(|p| {
+                seen.push(p.clone());
+                let text = memocoder_answer(p)
+                    .replace("```python\n", &format!("```python\n# seed {seed}\n"));
+                Completion::text_only(text, FinishReason::Eos)
+            })
+            .collect())
+    }
+}
+
+/// `[eval] checkpoint_tasks`: MemoCoder (its fixing knowledge carries from
+/// group to group) evaluated two tasks at a time, killed in the second
+/// group and rerun, gives the uninterrupted result: every sample, seed and
+/// attempt chain, the statistics, and the very prompts (with the fixes
+/// retrieved from the restored knowledge) after the restart.
+#[test]
+fn a_killed_grouped_evaluation_resumes_to_the_uninterrupted_result() {
+    let sb = sandbox(62630);
+    let mentor = Scripted::new(|_: &str| MENTOR_ANSWER.to_owned());
+    let gen = GenerationConfig::default();
+    let eval = EvalConfig {
+        batch_size: 1,
+        n: 2,
+        ..EvalConfig::default()
+    };
+    let strategy_cfg = StrategyConfig {
+        max_attempts: 3,
+        ..StrategyConfig::default()
+    };
+    let fixes = FixesConfig::default();
+    let memocoder = || Repair::new(RepairConfig::memocoder(&strategy_cfg, &fixes));
+    let tasks = memocoder_tasks();
+    let list: Vec<&Task> = tasks.iter().collect();
+
+    let whole = Seeded::new(usize::MAX);
+    let mut first_group_calls = 0;
+    let reference = {
+        let env = env(&whole, &mentor, &sb, &gen, &eval);
+        evaluate_in_groups(
+            &mut memocoder(),
+            &env,
+            &list,
+            &eval,
+            2,
+            None,
+            &mut |done, _| {
+                if done == 4 && first_group_calls == 0 {
+                    first_group_calls = whole.calls.load(Ordering::SeqCst);
+                }
+            },
+        )
+        .unwrap()
+    };
+    assert!(first_group_calls > 0);
+    assert_eq!(reference.tasks.len(), 5);
+
+    let dir = crate::common::tmpdir();
+    let partial = Partial {
+        dir: &dir.path().join("r.partial"),
+        made_with: serde_json::json!({"run": "a"}),
+    };
+    let killed = Seeded::new(first_group_calls + 1);
+    let env1 = env(&killed, &mentor, &sb, &gen, &eval);
+    let err = evaluate_in_groups(
+        &mut memocoder(),
+        &env1,
+        &list,
+        &eval,
+        2,
+        Some(&partial),
+        &mut |_, _| {},
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("killed"), "{err}");
+    assert!(partial.dir.join("group-00000.json").is_file());
+    assert!(!partial.dir.join("group-00001.json").exists());
+
+    let rerun = Seeded::new(usize::MAX);
+    let env2 = env(&rerun, &mentor, &sb, &gen, &eval);
+    let resumed = evaluate_in_groups(
+        &mut memocoder(),
+        &env2,
+        &list,
+        &eval,
+        2,
+        Some(&partial),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(resumed.tasks, reference.tasks);
+    assert_eq!(resumed.strategy_stats, reference.strategy_stats);
+    assert_eq!(resumed.pass_at, reference.pass_at);
+    assert_eq!(resumed.transitions, reference.transitions);
+    let all = whole.seen.lock().unwrap().clone();
+    let after = rerun.seen.lock().unwrap().clone();
+    assert!(!after.is_empty() && after.len() < all.len());
+    assert_eq!(after, all[all.len() - after.len()..]);
+    let seeds: Vec<&str> = resumed
+        .tasks
+        .iter()
+        .flat_map(|t| &t.samples)
+        .map(|s| s.completion.as_str())
+        .collect();
+    assert!(seeds.iter().all(|c| c.contains("# seed ")), "{seeds:?}");
+
+    // What another config made is refused, not mixed in.
+    let other = Partial {
+        dir: partial.dir,
+        made_with: serde_json::json!({"run": "b"}),
+    };
+    let env3 = env(&rerun, &mentor, &sb, &gen, &eval);
+    let err = evaluate_in_groups(
+        &mut memocoder(),
+        &env3,
+        &list,
+        &eval,
+        2,
+        Some(&other),
+        &mut |_, _| {},
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("another config"), "{err}");
+}
 
 #[test]
 fn memocoder_repairs_learns_fixes_and_the_mentor_rewrites() {
@@ -808,6 +965,28 @@ fn falcon_eval_runs_a_strategy_from_the_config() {
     assert!(r.strategy_stats["attempts"] >= 6.0);
     let lines = std::fs::read_to_string(dir.path().join("r.tasks.jsonl")).unwrap();
     assert_eq!(lines.lines().count(), 3);
+
+    // Two tasks at a time: the groups are kept until the result is written.
+    let mut cfg: falcon_rl::config::RunConfig =
+        toml::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg.eval.checkpoint_tasks = 2;
+    std::fs::write(&cfg_path, toml::to_string(&cfg).unwrap()).unwrap();
+    let o = falcon(&dir.path().join("g.json"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let g = falcon_rl::eval::EvalResult::load(&dir.path().join("g.json")).unwrap();
+    assert_eq!(g.tasks.len(), 3);
+    assert!(!dir.path().join("g.partial").exists());
+    // A partial evaluation left by something else is refused, and kept.
+    std::fs::create_dir(dir.path().join("s.partial")).unwrap();
+    let stale = dir.path().join("s.partial/manifest.json");
+    std::fs::write(&stale, r#"{"made_with": {}, "group_tasks": 2, "tasks": 3}"#).unwrap();
+    let o = falcon(&dir.path().join("s.json"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("another config"),
+        "{err}"
+    );
+    assert!(stale.is_file());
 
     write(falcon_rl::config::StrategyKind::Memcoder);
     let o = falcon(&dir.path().join("m.json"));

@@ -13,6 +13,7 @@
 pub mod report;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -311,7 +312,7 @@ pub fn evaluate(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<EvalResult, EvalError> {
     let mut strategy = match spec.prompts {
-        Some(p) => Prompted::given("falcon", p.to_vec()),
+        Some(p) => Prompted::given("falcon", tasks, p.to_vec())?,
         None => Prompted::zero_shot(),
     };
     let env = spec.env(generator, generator, sandbox);
@@ -364,7 +365,6 @@ pub fn evaluate_strategy(
         .collect();
     let mut fresh = env.sandbox.run_batch(&jobs).into_iter();
     let mut results = Vec::with_capacity(tasks.len());
-    let mut outcomes = BTreeMap::new();
     for (task, sols) in tasks.iter().zip(solutions) {
         let mut tr = TaskResult {
             id: task.id.clone(),
@@ -381,7 +381,6 @@ pub fn evaluate_strategy(
             let passed = r.outcome == Some(RewardClass::Pass);
             let executed = matches!(r.outcome, Some(RewardClass::Pass | RewardClass::Failure));
             let outcome = r.outcome_label();
-            *outcomes.entry(outcome.clone()).or_insert(0) += 1;
             tr.passed += passed as usize;
             tr.executed += executed as usize;
             tr.samples.push(SampleResult {
@@ -395,6 +394,29 @@ pub fn evaluate_strategy(
         }
         results.push(tr);
     }
+    Ok(summarize(
+        tasks,
+        results,
+        eval,
+        t0.elapsed().as_secs_f64(),
+        strategy,
+        env,
+    ))
+}
+
+/// The figures of an evaluation of `tasks` from its per-task results.
+fn summarize(
+    tasks: &[&Task],
+    results: Vec<TaskResult>,
+    eval: &EvalConfig,
+    seconds: f64,
+    strategy: &dyn Strategy,
+    env: &Env,
+) -> EvalResult {
+    let mut outcomes = BTreeMap::new();
+    for s in results.iter().flat_map(|t| &t.samples) {
+        *outcomes.entry(s.outcome.clone()).or_insert(0) += 1;
+    }
     let mean = |f: &dyn Fn(&TaskResult) -> f64| {
         results.iter().map(f).sum::<f64>() / results.len().max(1) as f64
     };
@@ -405,22 +427,163 @@ pub fn evaluate_strategy(
         exec_at.insert(k.to_string(), mean(&|t| pass_at_k(t.n, t.executed, k)));
     }
     let transitions = Transitions::from_tasks(&results);
-    Ok(EvalResult {
+    let cuda = tasks
+        .iter()
+        .any(|t| t.kind == crate::task::TaskKind::NumbaCuda)
+        .then(|| env.sandbox.cuda_label().to_owned());
+    EvalResult {
         tasks: results,
         pass_at,
         exec_at,
         outcomes,
-        samples_per_task: n,
+        samples_per_task: eval.n,
         temperature: eval.temperature,
-        seconds: t0.elapsed().as_secs_f64(),
+        seconds,
         strategy: strategy.name(),
         transitions,
         strategy_stats: strategy.stats().into_iter().collect(),
-        cuda: tasks
-            .iter()
-            .any(|t| t.kind == crate::task::TaskKind::NumbaCuda)
-            .then(|| env.sandbox.cuda_label().to_owned()),
-    })
+        cuda,
+    }
+}
+
+/// Where [`evaluate_in_groups`] keeps its finished groups, and what made
+/// them.
+pub struct Partial<'a> {
+    pub dir: &'a Path,
+    /// Everything that decides the samples (the config, a checkpoint, the
+    /// task ids). A partial evaluation made with anything else is refused,
+    /// never mixed in.
+    pub made_with: serde_json::Value,
+}
+
+#[derive(Serialize, Deserialize, PartialEq)]
+struct Manifest {
+    made_with: serde_json::Value,
+    group_tasks: usize,
+    tasks: usize,
+}
+
+/// One finished group: its result, then what the next group starts from.
+#[derive(Serialize, Deserialize)]
+struct Group {
+    result: EvalResult,
+    calls: u64,
+    state: Option<serde_json::Value>,
+}
+
+/// [`evaluate_strategy`] `group` tasks at a time (`[eval] checkpoint_tasks`).
+/// With `partial`, each finished group is written there with the
+/// strategy's state and the seed counter, and a rerun continues after the
+/// last group written: the result is the one an uninterrupted run gives.
+pub fn evaluate_in_groups(
+    strategy: &mut dyn Strategy,
+    env: &Env,
+    tasks: &[&Task],
+    eval: &EvalConfig,
+    group: usize,
+    partial: Option<&Partial>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<EvalResult, EvalError> {
+    let group = group.max(1);
+    let mut done: Vec<EvalResult> = Vec::new();
+    if let Some(p) = partial {
+        done = resume(p, strategy, env, tasks, group)?;
+    }
+    let total = tasks.len() * eval.n;
+    for (g, chunk) in tasks.chunks(group).enumerate().skip(done.len()) {
+        let before = g * group * eval.n;
+        let r = evaluate_strategy(strategy, env, chunk, eval, &mut |d, _| {
+            progress(before + d, total)
+        })?;
+        if let Some(p) = partial {
+            let kept = Group {
+                result: r.clone(),
+                calls: env.calls(),
+                state: strategy.save_state()?,
+            };
+            let path = p.dir.join(format!("group-{g:05}.json"));
+            let text = serde_json::to_vec(&kept)
+                .map_err(|e| EvalError::Invalid(format!("{}: {e}", path.display())))?;
+            crate::fsutil::write_atomic(&path, &text)
+                .map_err(|e| EvalError::Invalid(e.to_string()))?;
+        }
+        done.push(r);
+    }
+    let seconds = done.iter().map(|r| r.seconds).sum();
+    let results = done.into_iter().flat_map(|r| r.tasks).collect();
+    Ok(summarize(tasks, results, eval, seconds, strategy, env))
+}
+
+/// The groups a partial evaluation in `p.dir` finished, with the strategy
+/// and the seed counter set to go on after them.
+fn resume(
+    p: &Partial,
+    strategy: &mut dyn Strategy,
+    env: &Env,
+    tasks: &[&Task],
+    group: usize,
+) -> Result<Vec<EvalResult>, EvalError> {
+    let dir = p.dir.display();
+    let manifest = Manifest {
+        made_with: p.made_with.clone(),
+        group_tasks: group,
+        tasks: tasks.len(),
+    };
+    let read = |path: &Path| -> Result<Vec<u8>, EvalError> {
+        std::fs::read(path).map_err(|e| EvalError::Invalid(format!("{}: {e}", path.display())))
+    };
+    let mpath = p.dir.join("manifest.json");
+    if !mpath.exists() {
+        std::fs::create_dir_all(p.dir).map_err(|e| EvalError::Invalid(format!("{dir}: {e}")))?;
+        let text = serde_json::to_vec_pretty(&manifest)
+            .map_err(|e| EvalError::Invalid(format!("{dir}: {e}")))?;
+        crate::fsutil::write_atomic(&mpath, &text)
+            .map_err(|e| EvalError::Invalid(e.to_string()))?;
+        return Ok(Vec::new());
+    }
+    let old: Manifest = serde_json::from_slice(&read(&mpath)?).map_err(|e| {
+        EvalError::Invalid(format!(
+            "{}: not a partial evaluation ({e}); delete {dir} to start over",
+            mpath.display()
+        ))
+    })?;
+    if old != manifest {
+        return Err(EvalError::Invalid(format!(
+            "{dir} holds a partial evaluation made with another config, checkpoint, \
+             task list or [eval] checkpoint_tasks: rerun with what made it, or delete \
+             {dir} to start over"
+        )));
+    }
+    let mut done = Vec::new();
+    let mut next = None;
+    for (g, chunk) in tasks.chunks(group).enumerate() {
+        let path = p.dir.join(format!("group-{g:05}.json"));
+        if !path.exists() {
+            break;
+        }
+        let kept: Group = serde_json::from_slice(&read(&path)?).map_err(|e| {
+            EvalError::Invalid(format!(
+                "{}: unreadable ({e}); delete it to rerun that group",
+                path.display()
+            ))
+        })?;
+        let ids = kept.result.tasks.iter().map(|t| t.id.as_str());
+        if !ids.eq(chunk.iter().map(|t| t.id.as_str())) {
+            return Err(EvalError::Invalid(format!(
+                "{}: holds other tasks than group {g}; delete {dir} to start over",
+                path.display()
+            )));
+        }
+        done.push(kept.result);
+        next = Some((kept.calls, kept.state));
+    }
+    if let Some((calls, state)) = next {
+        env.resume_calls(calls);
+        if let Some(state) = state {
+            strategy.load_state(state)?;
+        }
+    }
+    Ok(done)
 }
 
 #[cfg(test)]

@@ -80,6 +80,17 @@ impl<'a> Env<'a> {
         self.run(self.generator, &self.params, prompts)
     }
 
+    /// Generator calls made so far: the next call's seed is the evaluation
+    /// seed plus this. Saved with a partial evaluation.
+    pub fn calls(&self) -> u64 {
+        self.calls.get()
+    }
+
+    /// Continue the seed sequence of an evaluation that made `calls` calls.
+    pub fn resume_calls(&self, calls: u64) {
+        self.calls.set(calls);
+    }
+
     /// [`Env::generate`] with the reflector and its parameters.
     pub fn reflect(&self, prompts: &[String]) -> Result<Vec<Completion>, RolloutError> {
         self.run(self.reflector, &self.reflect_params, prompts)
@@ -313,7 +324,9 @@ pub struct Prompted {
 
 enum PromptSource {
     ZeroShot,
-    Given(Vec<String>),
+    /// By task id, so that any subset of the tasks can be solved (an
+    /// evaluation that goes a group of tasks at a time).
+    Given(std::collections::HashMap<String, String>),
 }
 
 impl Prompted {
@@ -324,12 +337,31 @@ impl Prompted {
         }
     }
 
-    /// One prompt per task, in the order `solve` will get the tasks.
-    pub fn given(name: &str, prompts: Vec<String>) -> Self {
-        Prompted {
-            name: name.into(),
-            prompts: PromptSource::Given(prompts),
+    /// `prompts[i]` is the prompt of `tasks[i]`; `solve` may then get any of
+    /// these tasks. Two tasks with one id must have one prompt.
+    pub fn given(name: &str, tasks: &[&Task], prompts: Vec<String>) -> Result<Self, RolloutError> {
+        if prompts.len() != tasks.len() {
+            return Err(RolloutError::Invalid(format!(
+                "{} prompts for {} tasks",
+                prompts.len(),
+                tasks.len()
+            )));
         }
+        let mut by_id = std::collections::HashMap::with_capacity(tasks.len());
+        for (t, p) in tasks.iter().zip(prompts) {
+            if let Some(other) = by_id.insert(t.id.clone(), p) {
+                if by_id[&t.id] != other {
+                    return Err(RolloutError::Invalid(format!(
+                        "task id {} appears twice with different prompts",
+                        t.id
+                    )));
+                }
+            }
+        }
+        Ok(Prompted {
+            name: name.into(),
+            prompts: PromptSource::Given(by_id),
+        })
     }
 }
 
@@ -350,14 +382,14 @@ impl Strategy for Prompted {
                 .iter()
                 .map(|t| super::task_prompt(env.instruction, t))
                 .collect(),
-            PromptSource::Given(p) if p.len() == tasks.len() => p.clone(),
-            PromptSource::Given(p) => {
-                return Err(RolloutError::Invalid(format!(
-                    "{} prompts for {} tasks",
-                    p.len(),
-                    tasks.len()
-                )))
-            }
+            PromptSource::Given(by_id) => tasks
+                .iter()
+                .map(|t| {
+                    by_id.get(&t.id).cloned().ok_or_else(|| {
+                        RolloutError::Invalid(format!("no prompt was given for task {}", t.id))
+                    })
+                })
+                .collect::<Result<_, _>>()?,
         };
         let jobs: Vec<String> = prompts
             .iter()
