@@ -7,7 +7,9 @@
 //! [`evaluate_strategy`] runs any `rollout::Strategy` and scores every final
 //! answer on all of its task's tests; results carry each sample's attempt
 //! chain, the error transition matrix across repair attempts and what the
-//! strategy's memory did. `train` calls [`evaluate`] (zero-shot) for its
+//! strategy's memory did; [`evaluate_in_groups`] does it a group of tasks at
+//! a time and keeps each finished group, so a killed evaluation resumes.
+//! `train` calls [`evaluate`] (zero-shot) for its
 //! before/after held-out figures; plots and pages are in [`report`].
 
 pub mod report;
