@@ -278,7 +278,8 @@ try:
         _fields_ = [("interval", _Timespec), ("value", _Timespec)]
 
     _libc = ctypes.CDLL(None, use_errno=True)
-    _libc.timer_create, _libc.timer_settime
+    if not (hasattr(_libc, "timer_create") and hasattr(_libc, "timer_settime")):
+        _libc = None
 except BaseException:
     _libc = None
 _CLOCK_PROCESS_CPUTIME_ID = 2
