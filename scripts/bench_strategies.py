@@ -144,6 +144,16 @@ def mcnemar(b, c):
     return min(1.0, 2 * tail)
 
 
+def sign_test(mine, theirs):
+    """Tasks where this arm passed more / fewer of its n samples than the
+    baseline, and the two-sided sign test on them (ties dropped)."""
+    a = {t["id"]: t["passed"] for t in mine["tasks"]}
+    b = {t["id"]: t["passed"] for t in theirs["tasks"]}
+    up = sum(1 for k, v in a.items() if k in b and v > b[k])
+    down = sum(1 for k, v in a.items() if k in b and v < b[k])
+    return up, down, mcnemar(up, down)
+
+
 def first_pass(result):
     return {t["id"]: t["samples"][0]["passed"] for t in result["tasks"]}
 
@@ -203,8 +213,10 @@ def main():
         shutil.copyfile(out, os.path.join(KEPT, name + ".json.tmp"))
         os.replace(os.path.join(KEPT, name + ".json.tmp"), os.path.join(KEPT, name + ".json"))
 
-    print("| benchmark | strategy | tasks | n | pass@1 | pass@5 | exec@1 | seconds | vs zero-shot (only this / only zero-shot, p) | memory |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| benchmark | strategy | tasks | n | pass@1 | pass@5 | exec@1 | seconds "
+          "| vs baseline, first samples: McNemar (only this / only baseline, p) "
+          "| vs baseline, all samples: sign test (tasks up / down, p) | memory |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for bench, strategy in arms:
         path = finished(bench, strategy, args)
         if not path:
@@ -212,16 +224,20 @@ def main():
         r = json.load(open(path))
         base_name = "doc-rag" if bench == "ndonnx" else "zero-shot"
         base_path = finished(bench, base_name, args)
-        cmp = ""
+        cmp = sign = ""
         if strategy != base_name and base_path:
-            mine, theirs = first_pass(r), first_pass(json.load(open(base_path)))
+            base = json.load(open(base_path))
+            mine, theirs = first_pass(r), first_pass(base)
             b = sum(1 for k, v in mine.items() if v and not theirs.get(k, True))
             c = sum(1 for k, v in mine.items() if not v and theirs.get(k, False))
             cmp = f"{b} / {c}, p = {mcnemar(b, c):.3f} (vs {base_name})"
+            if r["samples_per_task"] > 1:
+                up, down, p = sign_test(r, base)
+                sign = f"{up} / {down}, p = {p:.3f}"
         stats = ", ".join(f"{k} {v:g}" for k, v in sorted(r.get("strategy_stats", {}).items()))
         fmt = lambda d, k: f"{d[k]:.3f}" if k in d else "-"
         print(f"| {bench} | {strategy} | {len(r['tasks'])} | {r['samples_per_task']} | {fmt(r['pass_at'], '1')} | "
-              f"{fmt(r['pass_at'], '5')} | {fmt(r['exec_at'], '1')} | {r['seconds']:.0f} | {cmp} | {stats} |")
+              f"{fmt(r['pass_at'], '5')} | {fmt(r['exec_at'], '1')} | {r['seconds']:.0f} | {cmp} | {sign} | {stats} |")
 
 
 if __name__ == "__main__":
