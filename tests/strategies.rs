@@ -267,34 +267,27 @@ fn a_killed_grouped_evaluation_resumes_to_the_uninterrupted_result() {
         dir: &dir.path().join("r.partial"),
         made_with: serde_json::json!({"run": "a"}),
     };
+    // A fresh strategy and environment, as a restarted process has.
+    let grouped = |g: &Seeded, partial: &Partial| {
+        let env = env(g, &mentor, &sb, &gen, &eval);
+        evaluate_in_groups(
+            &mut memocoder(),
+            &env,
+            &list,
+            &eval,
+            2,
+            Some(partial),
+            &mut |_, _| {},
+        )
+    };
     let killed = Seeded::new(first_group_calls + 1);
-    let env1 = env(&killed, &mentor, &sb, &gen, &eval);
-    let err = evaluate_in_groups(
-        &mut memocoder(),
-        &env1,
-        &list,
-        &eval,
-        2,
-        Some(&partial),
-        &mut |_, _| {},
-    )
-    .unwrap_err();
+    let err = grouped(&killed, &partial).unwrap_err();
     assert!(err.to_string().contains("killed"), "{err}");
     assert!(partial.dir.join("group-00000.json").is_file());
     assert!(!partial.dir.join("group-00001.json").exists());
 
     let rerun = Seeded::new(usize::MAX);
-    let env2 = env(&rerun, &mentor, &sb, &gen, &eval);
-    let resumed = evaluate_in_groups(
-        &mut memocoder(),
-        &env2,
-        &list,
-        &eval,
-        2,
-        Some(&partial),
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let resumed = grouped(&rerun, &partial).unwrap();
     assert_eq!(resumed.tasks, reference.tasks);
     assert_eq!(resumed.strategy_stats, reference.strategy_stats);
     assert_eq!(resumed.pass_at, reference.pass_at);
@@ -316,17 +309,7 @@ fn a_killed_grouped_evaluation_resumes_to_the_uninterrupted_result() {
         dir: partial.dir,
         made_with: serde_json::json!({"run": "b"}),
     };
-    let env3 = env(&rerun, &mentor, &sb, &gen, &eval);
-    let err = evaluate_in_groups(
-        &mut memocoder(),
-        &env3,
-        &list,
-        &eval,
-        2,
-        Some(&other),
-        &mut |_, _| {},
-    )
-    .unwrap_err();
+    let err = grouped(&rerun, &other).unwrap_err();
     assert!(err.to_string().contains("another config"), "{err}");
 }
 

@@ -503,17 +503,23 @@ pub fn evaluate_in_groups(
                 calls: env.calls(),
                 state: strategy.save_state()?,
             };
-            let path = p.dir.join(format!("group-{g:05}.json"));
-            let text = serde_json::to_vec(&kept)
-                .map_err(|e| EvalError::Invalid(format!("{}: {e}", path.display())))?;
-            crate::fsutil::write_atomic(&path, &text)
-                .map_err(|e| EvalError::Invalid(e.to_string()))?;
+            write_json(&group_path(p.dir, g), &kept)?;
         }
         done.push(r);
     }
     let seconds = done.iter().map(|r| r.seconds).sum();
     let results = done.into_iter().flat_map(|r| r.tasks).collect();
     Ok(summarize(tasks, results, eval, seconds, strategy, env))
+}
+
+fn group_path(dir: &Path, g: usize) -> std::path::PathBuf {
+    dir.join(format!("group-{g:05}.json"))
+}
+
+fn write_json(path: &Path, value: &impl Serialize) -> Result<(), EvalError> {
+    let text = serde_json::to_vec(value)
+        .map_err(|e| EvalError::Invalid(format!("{}: {e}", path.display())))?;
+    crate::fsutil::write_atomic(path, &text).map_err(|e| EvalError::Invalid(e.to_string()))
 }
 
 /// The groups a partial evaluation in `p.dir` finished, with the strategy
@@ -537,10 +543,7 @@ fn resume(
     let mpath = p.dir.join("manifest.json");
     if !mpath.exists() {
         std::fs::create_dir_all(p.dir).map_err(|e| EvalError::Invalid(format!("{dir}: {e}")))?;
-        let text = serde_json::to_vec_pretty(&manifest)
-            .map_err(|e| EvalError::Invalid(format!("{dir}: {e}")))?;
-        crate::fsutil::write_atomic(&mpath, &text)
-            .map_err(|e| EvalError::Invalid(e.to_string()))?;
+        write_json(&mpath, &manifest)?;
         return Ok(Vec::new());
     }
     let old: Manifest = serde_json::from_slice(&read(&mpath)?).map_err(|e| {
@@ -559,7 +562,7 @@ fn resume(
     let mut done = Vec::new();
     let mut next = None;
     for (g, chunk) in tasks.chunks(group).enumerate() {
-        let path = p.dir.join(format!("group-{g:05}.json"));
+        let path = group_path(p.dir, g);
         if !path.exists() {
             break;
         }
