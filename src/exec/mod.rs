@@ -5,8 +5,8 @@
 //! namespace, read-only system, a private size-capped tmpfs, scrubbed
 //! environment). It never runs candidate code itself: for every test it forks
 //! a child that drops to a uid of its own, applies rlimits and runs the
-//! candidate; a wall-clock deadline kills the child's process group and every
-//! process of that uid. In the default (trusted) mode the worker evaluates the
+//! candidate under a timer on its own CPU time (`[exec] clock`); a wall-clock
+//! deadline kills the child's process group and every process of that uid. In the default (trusted) mode the worker evaluates the
 //! test itself and reaches candidate code only through proxies that return
 //! plain data, so no trick of the candidate can make a test pass (see
 //! `docs/sandbox.md` for the exact guarantee and its limits).
