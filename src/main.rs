@@ -1573,6 +1573,10 @@ struct Progress {
     unit: &'static str,
     start: Instant,
     last: Instant,
+    /// Work already done when this process began (a resumed evaluation's
+    /// finished groups): the rate, and so the eta, counts only what is
+    /// done here.
+    base: Option<u64>,
 }
 
 impl Progress {
@@ -1595,12 +1599,17 @@ impl Progress {
             unit,
             start: now,
             last: now,
+            base: None,
         }
     }
 
     fn set(&mut self, done: u64) {
+        let base = *self.base.get_or_insert(done);
         if let Some(b) = &self.bar {
             b.set_position(done);
+            if done == base {
+                b.reset_eta();
+            }
             return;
         }
         if done == 0 || done >= self.len || self.last.elapsed() < Self::LINE_EVERY {
@@ -1608,7 +1617,9 @@ impl Progress {
         }
         self.last = Instant::now();
         let secs = self.start.elapsed().as_secs_f64();
-        let eta = secs * (self.len - done) as f64 / done as f64;
+        let Some(eta) = eta_secs(secs, base, done, self.len) else {
+            return;
+        };
         eprintln!(
             "falcon: {done}/{} {} ({:.0}%) in {}, eta {}",
             self.len,
@@ -1624,6 +1635,12 @@ impl Progress {
             b.finish_and_clear();
         }
     }
+}
+
+/// Seconds left at the rate of the work done since `base`, in `secs`.
+fn eta_secs(secs: f64, base: u64, done: u64, len: u64) -> Option<f64> {
+    let here = done.checked_sub(base).filter(|&d| d > 0)?;
+    Some(secs * len.saturating_sub(done) as f64 / here as f64)
 }
 
 /// `1h02m`, `12m05s` or `42s`.
@@ -1757,7 +1774,7 @@ fn cmd_ablate(args: AblateArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::minutes;
+    use super::{eta_secs, minutes};
 
     #[test]
     fn durations_read_like_a_clock() {
@@ -1765,5 +1782,13 @@ mod tests {
         assert_eq!(minutes(725.0), "12m05s");
         assert_eq!(minutes(3725.0), "1h02m");
         assert_eq!(minutes(-3.0), "0s");
+    }
+
+    #[test]
+    fn a_resumed_job_counts_only_its_own_rate() {
+        // 600 of 1640 were done before this process; 60 more took 60 s.
+        assert_eq!(eta_secs(60.0, 600, 660, 1640), Some(980.0));
+        assert_eq!(eta_secs(60.0, 0, 60, 1640), Some(1580.0));
+        assert_eq!(eta_secs(60.0, 600, 600, 1640), None);
     }
 }

@@ -322,7 +322,8 @@ pub fn evaluate(
 }
 
 /// Run `eval.n` samples of every task through `strategy`, score each final
-/// answer on all of its task's tests, and summarise.
+/// answer on all of its task's tests, and summarise. `progress(0, total)`
+/// comes first, so a caller knows where the work it times began.
 pub fn evaluate_strategy(
     strategy: &mut dyn Strategy,
     env: &Env,
@@ -337,6 +338,7 @@ pub fn evaluate_strategy(
         )));
     }
     let t0 = Instant::now();
+    progress(0, tasks.len() * n);
     let solutions = strategy.solve(env, tasks, n, progress)?;
     if solutions.len() != tasks.len() || solutions.iter().any(|s| s.len() != n) {
         return Err(EvalError::Invalid(format!(

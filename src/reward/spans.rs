@@ -62,24 +62,34 @@ pub fn coarse_span(n_tokens: usize, reward: f64) -> Option<TokenSpan> {
     })
 }
 
-/// Where the code is in a completion: `(byte offset, code)`. The body of the
-/// first non-blank fence whose info string is `python`, `py`, `python3` or
-/// empty (up to its closing fence, or the end of the text when it was cut
-/// off), else the whole text at offset 0.
+/// Where the code is in a completion: `(byte offset, code)`. In order:
+/// the body of the first non-blank fence whose info string is `python`,
+/// `py` or `python3`; else that of the first non-blank fence with an empty
+/// info string (each up to its closing fence, or the end of the text when
+/// it was cut off); else, when the text starts with code that a lone fence
+/// closes, the text before that fence; else the whole text at offset 0.
+///
+/// The labelled fence comes first because small models open a bare fence,
+/// write a sentence, and then open the labelled one (`` ``` `` / "The code
+/// is:" / `` ```python ``), and a fence is not closed by a labelled line.
 pub fn code_in_completion(text: &str) -> (usize, &str) {
     let mut line_start = 0;
     // Inside a fence of another language, whose closing line is no opening.
     let mut in_other_fence = false;
+    let mut bare: Option<(usize, &str)> = None;
+    let mut first_fence: Option<usize> = None;
     while line_start < text.len() {
         let line_end = text[line_start..]
             .find('\n')
             .map_or(text.len(), |i| line_start + i);
         let line = text[line_start..line_end].trim_end_matches('\r');
         if let Some(info) = line.trim_start().strip_prefix("```") {
+            first_fence.get_or_insert(line_start);
             let info = info.trim().to_ascii_lowercase();
+            let labelled = matches!(info.as_str(), "python" | "py" | "python3");
             if in_other_fence {
                 in_other_fence = false;
-            } else if !matches!(info.as_str(), "python" | "py" | "python3" | "") {
+            } else if !labelled && !info.is_empty() {
                 in_other_fence = true;
             } else {
                 let body_start = (line_end + 1).min(text.len());
@@ -96,13 +106,22 @@ pub fn code_in_completion(text: &str) -> (usize, &str) {
                 // A blank fence is a stray opening (small models often
                 // write "```" and then "```python"): look further.
                 if !body[..end].trim().is_empty() {
-                    return (body_start, &body[..end]);
+                    if labelled {
+                        return (body_start, &body[..end]);
+                    }
+                    bare.get_or_insert((body_start, &body[..end]));
                 }
             }
         }
         line_start = line_end + 1;
     }
-    (0, text)
+    if let Some(found) = bare {
+        return found;
+    }
+    match first_fence {
+        Some(at) if !text[..at].trim().is_empty() => (0, &text[..at]),
+        _ => (0, text),
+    }
 }
 
 /// Byte range `[start, end)` of each 1-based line's text in `code` (no newline).
@@ -352,6 +371,23 @@ mod tests {
         assert_eq!(code_in_completion(t), (t.find("z = 3").unwrap(), "z = 3\n"));
         // Only blank fences: the whole text, as for no fence at all.
         assert_eq!(code_in_completion("```\n\n```"), (0, "```\n\n```"));
+        // Code that a lone fence closes (the model never opened one).
+        let t = "def f():\n    return 1\n```";
+        assert_eq!(code_in_completion(t), (0, "def f():\n    return 1\n"));
+        let t = "def f():\n    return 1\n```\n\n```\n";
+        assert_eq!(code_in_completion(t), (0, "def f():\n    return 1\n"));
+        // A bare fence holding a sentence, then the labelled one.
+        let t = "```\n\nThe code is:\n```python\ndef f():\n    return 1";
+        assert_eq!(
+            code_in_completion(t),
+            (t.find("def f").unwrap(), "def f():\n    return 1")
+        );
+        // With no labelled fence, the first non-blank bare one.
+        let t = "Here:\n```\nx = 1\n```\nand\n```\ny = 2\n```";
+        assert_eq!(code_in_completion(t), (t.find("x = 1").unwrap(), "x = 1\n"));
+        // A sentence before a fence is not code, however the fence ends.
+        let t = "Here is the code:\n```python\ndef f(): pass\n```";
+        assert_eq!(code_in_completion(t).1, "def f(): pass\n");
     }
 
     #[test]
