@@ -28,6 +28,7 @@ fn task(tests: &[&str]) -> Task {
         docs: None,
         tags: vec![],
         test_setup: None,
+        prelude: None,
     }
 }
 
@@ -422,6 +423,36 @@ fn per_test_results_error_kinds_and_lines() {
     tree.test_setup = Some("root = Node(1)\nroot.left = Node(2)".into());
     let r = sb.run(&tree, "class Node:\n    def __init__(self, v):\n        self.v = v\n        self.left = None\ndef f(n, _):\n    return n.left.v\n");
     assert_eq!(r.outcome, Some(RewardClass::Pass), "{r:?}");
+    // The task's prelude (its prompt's imports) runs first, in the
+    // candidate's process, and the candidate's line numbers do not move.
+    let mut typed = task(&["assert f([1, 2], 0) == 3", "assert f([], 1) == 0"]);
+    let code = "def f(xs: List[int], k: int) -> int:\n    if k:\n        return {}[k]\n    return sum(xs)\n";
+    let r = sb.run(&typed, code);
+    assert_eq!(
+        r.error_kind,
+        Some(ErrorKind::NameError),
+        "no prelude: {r:?}"
+    );
+    typed.prelude = Some("import math\nfrom typing import List".into());
+    let r = sb.run(&typed, code);
+    assert_eq!(r.tests[0].status, TestStatus::Pass, "{r:?}");
+    assert!(
+        matches!(
+            &r.tests[1].status,
+            TestStatus::Error {
+                kind: ErrorKind::KeyError,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    assert_eq!(r.tests[1].error_lines, vec![3]);
+    typed.prelude = Some("from typing import (".into());
+    let r = sb.run(&typed, code);
+    assert!(
+        r.no_signal.is_some(),
+        "a broken prelude is the task's fault: {r:?}"
+    );
 }
 
 #[test]

@@ -64,6 +64,7 @@ fn task(id: &str, prompt: &str, entry: &str, tests: &[&str]) -> Task {
         docs: None,
         tags: vec![],
         test_setup: None,
+        prelude: None,
     }
 }
 

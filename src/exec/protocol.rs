@@ -39,6 +39,8 @@ impl Mode {
 #[derive(Debug, Serialize)]
 pub struct Job<'a> {
     pub code: &'a str,
+    /// Run before `code`, in the candidate's process ([`Task::prelude`]).
+    pub prelude: Option<&'a str>,
     pub setup: Option<&'a str>,
     pub tests: &'a [String],
     pub mode: Mode,
@@ -54,6 +56,7 @@ impl<'a> Job<'a> {
     pub fn new(task: &'a Task, code: &'a str, cfg: &ExecConfig) -> Self {
         Job {
             code,
+            prelude: task.prelude.as_deref().filter(|s| !s.trim().is_empty()),
             setup: task.test_setup.as_deref().filter(|s| !s.trim().is_empty()),
             tests: &task.tests,
             mode: Mode::for_task(task),
@@ -330,6 +333,7 @@ mod tests {
             docs: None,
             tags: vec![],
             test_setup: Some("  \n".into()),
+            prelude: Some("from typing import List".into()),
         };
         let cfg = ExecConfig {
             timeout_s: 2.0,
@@ -337,6 +341,7 @@ mod tests {
         };
         let j = Job::new(&task, "def f(): return 1", &cfg);
         assert_eq!((j.setup, j.mode), (None, Mode::Trusted));
+        assert_eq!(j.prelude, Some("from typing import List"));
         // The CPU clock's wall-clock backstop defaults to 3 x the limit + 10 s.
         assert_eq!((j.timeout, j.clock, j.wall), (2.0, ExecClock::Cpu, 16.0));
         let wall = ExecConfig {

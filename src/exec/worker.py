@@ -340,7 +340,7 @@ def _span(f):
 SIM_THREADS = 1100
 
 
-def _child_main(code_obj, rfd, wfd, outfd, tdir, timeout, clock, mode, setup, test, ntests):
+def _child_main(code_objs, rfd, wfd, outfd, tdir, timeout, clock, mode, setup, test, ntests):
     global _clock
     try:
         os.setsid()
@@ -391,13 +391,13 @@ def _child_main(code_obj, rfd, wfd, outfd, tdir, timeout, clock, mode, setup, te
     except BaseException:
         os._exit(71)
     try:
-        _child_serve(code_obj, rfd, wfd, mode, setup, test)
+        _child_serve(code_objs, rfd, wfd, mode, setup, test)
     except BaseException:
         pass
     os._exit(0)
 
 
-def _child_serve(code_obj, rfd, wfd, mode, setup, test):
+def _child_serve(code_objs, rfd, wfd, mode, setup, test):
     g = {"__name__": "__main__", "__builtins__": builtins}
     refs = []
 
@@ -413,7 +413,9 @@ def _child_serve(code_obj, rfd, wfd, mode, setup, test):
     try:
         if mode == "program" and LIM.get("cuda_device"):
             _cap_cuda_memory(float(LIM.get("cuda_memory_fraction", 0.05)))
-        exec(code_obj, g)
+        # The task's prelude (its prompt's imports), then the candidate.
+        for code_obj in code_objs:
+            exec(code_obj, g)
         if mode == "program":
             if setup:
                 exec(compile(setup, "<setup>", "exec"), g)
@@ -555,12 +557,12 @@ def _candidate_exception(info):
 
 
 class Child:
-    def __init__(self, code_obj, tdir, outfd, timeout, clock, mode, setup, test, ntests):
+    def __init__(self, code_objs, tdir, outfd, timeout, clock, mode, setup, test, ntests):
         r1, w1 = os.pipe()  # trusted -> child
         r2, w2 = os.pipe()  # child -> trusted
         pid = os.fork()
         if pid == 0:
-            _child_main(code_obj, r1, w2, outfd, tdir, timeout, clock, mode, setup, test, ntests)
+            _child_main(code_objs, r1, w2, outfd, tdir, timeout, clock, mode, setup, test, ntests)
             os._exit(72)
         os.close(r1)
         os.close(w2)
@@ -893,7 +895,7 @@ def _end_child(st, outpath):
         st["out"] = (st.get("out", b"") + _tail(outpath, OUT_CAP))[-OUT_CAP:]
 
 
-def run_test(job, code_obj, i, outpath, st):
+def run_test(job, code_objs, i, outpath, st):
     """Run test `i`. `st` carries the candidate process between the tests of
     a job: it is kept only after a pass (with `reuse_child`), so a test that
     failed, crashed or timed out never shares a process with the next one."""
@@ -913,7 +915,7 @@ def run_test(job, code_obj, i, outpath, st):
         if child is None:
             tdir = _fresh_tdir()
             outfd = os.open(outpath, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            child = Child(code_obj, tdir, outfd, timeout, clock, mode, setup, test, len(job["tests"]))
+            child = Child(code_objs, tdir, outfd, timeout, clock, mode, setup, test, len(job["tests"]))
             st["child"] = child
             os.close(outfd)
             outfd = None
@@ -988,6 +990,14 @@ def run_job(job):
     except RecursionError as e:
         r = _result("error", "RecursionError", "the code nests too deeply to compile")
         return {"tests": [dict(r) for _ in tests], "output": "", "seconds": time.perf_counter() - t0}
+    code_objs = [code_obj]
+    if job.get("prelude"):
+        # The task's own code: a prelude that does not compile is no signal
+        # about the candidate.
+        try:
+            code_objs.insert(0, compile(job["prelude"], "<prelude>", "exec", dont_inherit=True))
+        except (SyntaxError, ValueError, RecursionError) as e:
+            return {"no_signal": "the task's prelude does not compile: %s" % e}
     results = []
     outpath = os.path.join(JOBDIR, "out")
     st = {}
@@ -995,7 +1005,7 @@ def run_job(job):
         for i in range(len(tests)):
             ts = time.perf_counter()
             try:
-                r = run_test(job, code_obj, i, outpath, st)
+                r = run_test(job, code_objs, i, outpath, st)
             except Harness as e:
                 return {"no_signal": "test %d: %s" % (i, e)}
             r["seconds"] = time.perf_counter() - ts

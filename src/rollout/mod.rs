@@ -149,6 +149,7 @@ mod tests {
             docs: None,
             tags: vec![],
             test_setup: None,
+            prelude: None,
         };
         let p = task_prompt("Solve:", &t);
         assert_eq!(

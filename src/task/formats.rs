@@ -243,8 +243,19 @@ impl HumanEvalRecord {
             docs: None,
             tags: vec!["humaneval".to_owned()],
             test_setup: None,
+            prelude: leading_imports(&lf(&self.prompt)),
         }
     }
+}
+
+/// The `import` / `from` lines before a prompt's first `def` or decorator.
+fn leading_imports(prompt: &str) -> Option<String> {
+    let imports: Vec<&str> = prompt
+        .lines()
+        .take_while(|l| !l.starts_with("def ") && !l.starts_with('@'))
+        .filter(|l| l.starts_with("import ") || l.starts_with("from "))
+        .collect();
+    (!imports.is_empty()).then(|| imports.join("\n"))
 }
 
 /// `task_id` is an integer in Google's files and a string (`"Mbpp/2"`) in some
@@ -317,6 +328,8 @@ impl MbppRecord {
             docs: None,
             tags,
             test_setup: (!setup.is_empty()).then(|| setup.join("\n")),
+            // MBPP's prompt is prose; its tests' imports are `test_setup`.
+            prelude: None,
         })
     }
 }
@@ -504,14 +517,10 @@ impl PricoderRecord {
             .next_back()
             .ok_or("cannot derive `entry_point`: `prompt` has no top-level `def`")?
             .to_owned();
-        // PriCoder's harness prepends an import preamble; 40 NdonnxEval tests
-        // use `ndx` without importing it, so the prompt's imports are the setup.
-        let imports: Vec<&str> = prompt
-            .lines()
-            .take_while(|l| !l.starts_with("def ") && !l.starts_with('@'))
-            .filter(|l| l.starts_with("import ") || l.starts_with("from "))
-            .collect();
-        let test_setup = (!imports.is_empty()).then(|| imports.join("\n"));
+        // PriCoder's harness prepends an import preamble to the whole
+        // program; 40 NdonnxEval tests use `ndx` without importing it, so the
+        // prompt's imports are both the prelude and the tests' setup.
+        let test_setup = leading_imports(&prompt);
         let mut tags = vec![bench.to_owned()];
         tags.extend(self.api_list.iter().map(|a| format!("api:{a}")));
         Ok(Task {
@@ -523,6 +532,7 @@ impl PricoderRecord {
             canonical_solution: complete_program(&self.prompt, self.canonical_solution.as_deref()),
             docs: None,
             tags,
+            prelude: test_setup.clone(),
             test_setup,
         })
     }

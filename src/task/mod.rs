@@ -67,8 +67,8 @@ pub enum TaskKind {
 
 /// One programming task with its unit tests.
 ///
-/// The program that checks one test is: the candidate solution, then
-/// `test_setup` (if any), then that one entry of `tests`. Each test snippet is
+/// The program that checks one test is: `prelude` (if any), the candidate
+/// solution, then `test_setup` (if any), then that one entry of `tests`. Each test snippet is
 /// independent of the others, so per-test pass counts are meaningful.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -98,6 +98,12 @@ pub struct Task {
     /// Code run after the solution and before each test (imports, fixtures).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test_setup: Option<String>,
+    /// Code run before the solution, in the candidate's own process: the
+    /// imports its prompt gave it (HumanEval's harness runs the prompt first,
+    /// PriCoder's an import preamble), so an answer that rewrites the
+    /// prompt's `def f(xs: List[int])` is not a NameError for `List`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prelude: Option<String>,
 }
 
 impl Task {

@@ -198,6 +198,7 @@ fn pricoder_benchmarks_load() {
         .as_deref()
         .unwrap_or("")
         .contains("import ndonnx as ndx")));
+    assert!(ndonnx.iter().all(|t| t.prelude == t.test_setup));
     assert_eq!(
         ndonnx
             .get("ndonnxeval/subset_1_002")
@@ -227,6 +228,9 @@ fn humaneval_sample_loads_with_check_call_appended() {
     let solution = t.canonical_solution.as_ref().unwrap();
     assert!(solution.starts_with(&t.prompt) && solution.ends_with("return False\n"));
     assert_eq!(t.tags, ["humaneval"]);
+    // The prompt's imports run before an answer that rewrote its signature.
+    assert_eq!(t.prelude.as_deref(), Some("from typing import List"));
+    assert_eq!(set.tasks[1].prelude, None);
     assert_eq!(set.tasks[1].entry_point, "truncate_number");
     assert_eq!(
         load_str(HUMANEVAL_SAMPLE, TaskFormat::Humaneval, false).unwrap(),
@@ -248,6 +252,7 @@ fn sample_task(id: &str) -> Task {
         docs: None,
         tags: Vec::new(),
         test_setup: None,
+        prelude: None,
     }
 }
 
