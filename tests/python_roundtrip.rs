@@ -39,7 +39,10 @@ fn python_logits(model_dir: &std::path::Path, adapter: Option<&std::path::Path>)
 fn randomise_lora_b(p: &Policy) {
     tch::manual_seed(3);
     tch::no_grad(|| {
-        for (k, v) in p.vs.variables() {
+        // Sorted: HashMap order would change which draw lands where.
+        let mut named: Vec<(String, Tensor)> = p.vs.variables().into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        for (k, v) in named {
             if k.contains("lora_B") {
                 v.shallow_clone()
                     .copy_(&(Tensor::randn(v.size(), (Kind::Float, Device::Cpu)) * 0.2));
