@@ -5,6 +5,7 @@
 use falcon_rl::model::decoder::LogitsFor;
 use falcon_rl::model::export::{export_hf, export_peft, load_peft};
 use falcon_rl::model::{Dtype, LoraConfig, Policy};
+use falcon_rl::train::rl::trainable;
 use tch::{Device, Kind, Tensor};
 
 use crate::common::*;
@@ -39,10 +40,8 @@ fn python_logits(model_dir: &std::path::Path, adapter: Option<&std::path::Path>)
 fn randomise_lora_b(p: &Policy) {
     tch::manual_seed(3);
     tch::no_grad(|| {
-        // Sorted: HashMap order would change which draw lands where.
-        let mut named: Vec<(String, Tensor)> = p.vs.variables().into_iter().collect();
-        named.sort_by(|a, b| a.0.cmp(&b.0));
-        for (k, v) in named {
+        // In name order (HashMap order would change which draw lands where).
+        for (k, v) in trainable(p) {
             if k.contains("lora_B") {
                 v.shallow_clone()
                     .copy_(&(Tensor::randn(v.size(), (Kind::Float, Device::Cpu)) * 0.2));

@@ -984,20 +984,7 @@ mod tests {
         };
         let vs = VarStore::new(Device::Cpu);
         let d = Decoder::new(&vs.root(), cfg).unwrap();
-        tch::manual_seed(3);
-        // Sorted, because `variables()` is a HashMap: its order (and so
-        // which random draw lands in which weight) changes from run to run.
-        let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
-        named.sort_by(|a, b| a.0.cmp(&b.0));
-        tch::no_grad(|| {
-            for (name, mut t) in named {
-                if name.ends_with("norm.weight") {
-                    let _ = t.fill_(1.0);
-                } else {
-                    t.copy_(&(Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * 0.3));
-                }
-            }
-        });
+        crate::model::generate::randomize_in_name_order(&vs, 3, 0.3);
         (vs, d)
     }
 

@@ -121,21 +121,36 @@ pub fn write_random_model(
     let (_, cfg, _) = read_config(dir)?;
     let vs = VarStore::new(Device::Cpu);
     let _model = Decoder::new(&vs.root(), cfg)?;
+    let named: Vec<(String, Tensor)> = randomize_in_name_order(&vs, seed, scale)
+        .into_iter()
+        .map(|(n, t)| (n, t.detach()))
+        .collect();
+    weights::save_safetensors(&dir.join("model.safetensors"), &named, None)
+}
+
+/// Set every variable of `vs` in place: norms at 1, the rest N(0, scale²),
+/// drawn in name order after `tch::manual_seed(seed)` (`variables()` is a
+/// HashMap, so its own order would change which draw lands where from run
+/// to run). Returns the variables in that order. For tests and fixtures.
+pub(crate) fn randomize_in_name_order(
+    vs: &VarStore,
+    seed: i64,
+    scale: f64,
+) -> Vec<(String, Tensor)> {
     tch::manual_seed(seed);
     let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
-    let named: Vec<(String, Tensor)> = named
-        .into_iter()
-        .map(|(n, t)| {
-            let v = if n.ends_with("norm.weight") {
-                Tensor::ones(t.size(), (Kind::Float, Device::Cpu))
+    tch::no_grad(|| {
+        for (n, t) in &named {
+            let mut t = t.shallow_clone();
+            if n.ends_with("norm.weight") {
+                let _ = t.fill_(1.0);
             } else {
-                Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * scale
-            };
-            (n, v)
-        })
-        .collect();
-    weights::save_safetensors(&dir.join("model.safetensors"), &named, None)
+                t.copy_(&(Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * scale));
+            }
+        }
+    });
+    named
 }
 
 /// Read `config.json` from an HF directory.
