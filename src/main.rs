@@ -354,6 +354,21 @@ enum EvalCmd {
     /// Compare two result files: pass@k and exec@k side by side, and
     /// McNemar's exact test on the tasks both evaluated (first sample each).
     Compare { a: PathBuf, b: PathBuf },
+    /// Score a result's saved final answers again (after a fix to code
+    /// extraction, the sandbox or the tests) without generating anything:
+    /// exact for single-shot strategies; a repairing strategy's loop keeps
+    /// the scoring it saw.
+    Rescore {
+        /// The result JSON to rescore (left as it is).
+        result: PathBuf,
+        /// The configuration it was evaluated with (`[eval]`/`[tasks]` for
+        /// the task set, `[exec]` for the sandbox).
+        #[arg(long)]
+        config: PathBuf,
+        /// Where the rescored result goes (and its `.tasks.jsonl`).
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -1294,8 +1309,14 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
     use falcon_rl::rollout::solve::Prompted;
     use falcon_rl::rollout::Strategy;
 
-    if let Some(EvalCmd::Compare { a, b }) = &args.cmd {
-        return cmd_eval_compare(a, b);
+    match &args.cmd {
+        Some(EvalCmd::Compare { a, b }) => return cmd_eval_compare(a, b),
+        Some(EvalCmd::Rescore {
+            result,
+            config,
+            out,
+        }) => return cmd_eval_rescore(result, config, out),
+        None => {}
     }
     let Some(config) = &args.config else {
         return Err(UsageError("falcon eval needs --config FILE (or `compare A B`)".into()).into());
@@ -1430,12 +1451,32 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
         )?
     };
     progress.finish();
+    print_eval_summary(&result);
+    if let Some(out) = &args.out {
+        write_eval_result(&result, out)?;
+        if let Some(dir) = partial_dir.filter(|d| d.exists()) {
+            // The result is written: the groups are no longer needed.
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                eprintln!("falcon: warning: could not remove {}: {e}", dir.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// pass@k and exec@k on stdout, then [`eprint_eval_details`].
+fn print_eval_summary(result: &falcon_rl::eval::EvalResult) {
     for (k, v) in &result.pass_at {
         println!("pass@{k}\t{:.4}", v);
     }
     for (k, v) in &result.exec_at {
         println!("exec@{k}\t{:.4}", v);
     }
+    eprint_eval_details(result);
+}
+
+/// Outcomes, where kernels ran and the strategy's stats, on stderr.
+fn eprint_eval_details(result: &falcon_rl::eval::EvalResult) {
     let kinds: Vec<String> = result
         .outcomes
         .iter()
@@ -1466,31 +1507,92 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
             .collect();
         eprintln!("falcon: {}: {}", result.strategy, stats.join(", "));
     }
-    if let Some(out) = &args.out {
-        falcon_rl::fsutil::write_atomic(out, serde_json::to_string_pretty(&result)?.as_bytes())
-            .with_context(|| format!("writing {}", out.display()))?;
-        // One line per task as well, for jq / pandas.
-        let lines = out.with_extension("tasks.jsonl");
-        let mut text = String::new();
-        for t in &result.tasks {
-            text.push_str(&serde_json::to_string(t)?);
-            text.push('\n');
-        }
-        falcon_rl::fsutil::write_atomic(&lines, text.as_bytes())
-            .with_context(|| format!("writing {}", lines.display()))?;
+}
+
+/// The result as JSON at `out`, and one line per task beside it (for jq /
+/// pandas), each written atomically.
+fn write_eval_result(result: &falcon_rl::eval::EvalResult, out: &Path) -> Result<()> {
+    falcon_rl::fsutil::write_atomic(out, serde_json::to_string_pretty(result)?.as_bytes())
+        .with_context(|| format!("writing {}", out.display()))?;
+    let lines = out.with_extension("tasks.jsonl");
+    let mut text = String::new();
+    for t in &result.tasks {
+        text.push_str(&serde_json::to_string(t)?);
+        text.push('\n');
+    }
+    falcon_rl::fsutil::write_atomic(&lines, text.as_bytes())
+        .with_context(|| format!("writing {}", lines.display()))?;
+    eprintln!(
+        "falcon: results in {} (one line per task: {})",
+        out.display(),
+        lines.display()
+    );
+    Ok(())
+}
+
+fn cmd_eval_rescore(result: &Path, config: &Path, out: &Path) -> Result<()> {
+    use falcon_rl::eval::{rescore, EvalResult};
+    use falcon_rl::exec::Sandbox;
+    // The original is the only record of the old scoring: never replace it.
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same(result, out)
+        || same(
+            &result.with_extension("tasks.jsonl"),
+            &out.with_extension("tasks.jsonl"),
+        )
+    {
+        return Err(UsageError(format!(
+            "--out {} would replace the result being rescored: write it elsewhere",
+            out.display()
+        ))
+        .into());
+    }
+    let old = EvalResult::load(result).map_err(|e| UsageError(e.to_string()))?;
+    let cfg = RunConfig::load(config).map_err(|e| UsageError(e.to_string()))?;
+    let tasks = load_eval_tasks(&cfg, config)?;
+    let list: Vec<&falcon_rl::task::Task> = tasks.iter().collect();
+    let sandbox = Sandbox::new(&cfg.exec)?;
+    let samples: usize = old.tasks.iter().map(|t| t.samples.len()).sum();
+    eprintln!(
+        "falcon: rescoring {samples} answers of {} tasks ({}) from {}",
+        old.tasks.len(),
+        old.strategy,
+        result.display()
+    );
+    if old
+        .tasks
+        .iter()
+        .flat_map(|t| &t.samples)
+        .any(|s| !s.attempts.is_empty())
+    {
         eprintln!(
-            "falcon: results in {} (one line per task: {})",
-            out.display(),
-            lines.display()
+            "falcon: note: {} repaired its answers; only the final answers are rescored, the repair loop saw the old scoring",
+            old.strategy
         );
-        if let Some(dir) = partial_dir.filter(|d| d.exists()) {
-            // The result is written: the groups are no longer needed.
-            if let Err(e) = std::fs::remove_dir_all(&dir) {
-                eprintln!("falcon: warning: could not remove {}: {e}", dir.display());
+    }
+    let r = rescore(&old, &list, &sandbox).map_err(|e| UsageError(e.to_string()))?;
+    let moved: usize = r.changed.values().sum();
+    eprintln!("falcon: {moved} of {samples} outcomes changed");
+    for ((from, to), n) in &r.changed {
+        eprintln!("falcon:   {from} -> {to}: {n}");
+    }
+    println!("metric\tbefore\tafter");
+    for (name, before, after) in [
+        ("pass", &old.pass_at, &r.result.pass_at),
+        ("exec", &old.exec_at, &r.result.exec_at),
+    ] {
+        for (k, a) in after {
+            match before.get(k) {
+                Some(b) => println!("{name}@{k}\t{b:.4}\t{a:.4}"),
+                None => println!("{name}@{k}\t-\t{a:.4}"),
             }
         }
     }
-    Ok(())
+    eprint_eval_details(&r.result);
+    write_eval_result(&r.result, out)
 }
 
 /// FALCON's Table 7 prompts for `tasks` from the long-term memory of

@@ -1,6 +1,7 @@
 //! The `falcon` binary end to end: exit codes, messages, config commands,
 //! model resolution from a local HF cache, and generation on the embedded model.
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 use crate::common::*;
@@ -265,6 +266,87 @@ fn eval_compare_prints_both_sides_and_mcnemar() {
         "{}",
         text(&o)
     );
+}
+
+#[test]
+fn eval_rescore_scores_saved_answers_again_and_keeps_the_original() {
+    let d = tmpdir();
+    let tasks = d.path().join("t.jsonl");
+    std::fs::write(
+        &tasks,
+        r#"{"id": "add", "prompt": "def add(a, b):", "entry_point": "add", "tests": ["assert add(1, 2) == 3"]}"#,
+    )
+    .unwrap();
+    let config = d.path().join("eval.toml");
+    std::fs::write(&config, format!("[eval]\npath = {:?}\n", tasks)).unwrap();
+    // As an older extractor might have left it: a correct fenced answer
+    // scored as a syntax error, and a wrong one that stays wrong.
+    let sample = |code: &str, outcome: &str| {
+        serde_json::json!({"completion": format!("Here:\n```python\n{code}```\nDone."),
+            "outcome": outcome, "passed": false, "executed": outcome != "SyntaxError"})
+    };
+    let result = serde_json::json!({
+        "tasks": [{"id": "add", "n": 2, "passed": 0, "executed": 1, "samples": [
+            sample("def add(a, b):\n    return a + b\n", "SyntaxError"),
+            sample("def add(a, b):\n    return a - b\n", "WrongAnswer"),
+        ]}],
+        "pass_at": {"1": 0.0}, "exec_at": {"1": 0.5},
+        "outcomes": {"SyntaxError": 1, "WrongAnswer": 1},
+        "samples_per_task": 2, "temperature": 0.8, "seconds": 12.5, "strategy": "zero-shot"});
+    let old = d.path().join("old.json");
+    let original = serde_json::to_string_pretty(&result).unwrap();
+    std::fs::write(&old, &original).unwrap();
+    let new = d.path().join("new.json");
+    let rescore = |result: &Path, out: &Path| {
+        falcon(&[
+            "eval",
+            "rescore",
+            result.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+    };
+    let o = rescore(&old, &new);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("pass@1\t0.0000\t0.5000"), "{t}");
+    assert!(t.contains("1 of 2 outcomes changed"), "{t}");
+    assert!(t.contains("SyntaxError -> pass: 1"), "{t}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&new).unwrap()).unwrap();
+    assert_eq!(r["rescored"], true);
+    assert_eq!(r["pass_at"]["1"], 0.5);
+    assert_eq!(
+        r["outcomes"],
+        serde_json::json!({"pass": 1, "WrongAnswer": 1})
+    );
+    assert_eq!(r["tasks"][0]["passed"], 1);
+    assert_eq!(r["tasks"][0]["samples"][0]["passed"], true);
+    assert_eq!(r["tasks"][0]["samples"][1]["outcome"], "WrongAnswer");
+    // What the run measured is kept.
+    assert_eq!(r["seconds"], 12.5);
+    assert_eq!(r["strategy"], "zero-shot");
+    assert!(d.path().join("new.tasks.jsonl").is_file());
+    assert_eq!(std::fs::read_to_string(&old).unwrap(), original);
+
+    // The original is never replaced; a task the config lacks is named.
+    let o = rescore(&old, &old);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("would replace"), "{}", text(&o));
+    let stray = d.path().join("stray.json");
+    let mut s = result.clone();
+    s["tasks"][0]["id"] = "sub".into();
+    std::fs::write(&stray, s.to_string()).unwrap();
+    let o = rescore(&stray, &d.path().join("x.json"));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("task sub of the result is not in the configured task set"),
+        "{}",
+        text(&o)
+    );
+    assert!(!d.path().join("x.json").exists());
 }
 
 #[test]

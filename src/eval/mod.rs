@@ -8,7 +8,8 @@
 //! answer on all of its task's tests; results carry each sample's attempt
 //! chain, the error transition matrix across repair attempts and what the
 //! strategy's memory did; [`evaluate_in_groups`] does it a group of tasks at
-//! a time and keeps each finished group, so a killed evaluation resumes.
+//! a time and keeps each finished group, so a killed evaluation resumes;
+//! [`rescore`] scores a result's saved answers again.
 //! `train` calls [`evaluate`] (zero-shot) for its
 //! before/after held-out figures; plots and pages are in [`report`].
 
@@ -21,7 +22,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{EvalConfig, GenerationConfig};
-use crate::exec::{RewardClass, Sandbox};
+use crate::exec::{ExecReport, RewardClass, Sandbox};
 use crate::model::{Generator, ModelError};
 use crate::reward::code_in_completion;
 use crate::rollout::solve::Prompted;
@@ -176,6 +177,11 @@ pub struct EvalResult {
     /// when the set has any: CPU scores are simulator scores.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda: Option<String>,
+    /// The final answers were scored again by [`rescore`] (after a change to
+    /// code extraction, the sandbox or the tests); `seconds`, the attempt
+    /// chains and the strategy's stats are the original run's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rescored: bool,
 }
 
 fn zero_shot_label() -> String {
@@ -382,9 +388,7 @@ pub fn evaluate_strategy(
                 Some(r) => r,
                 None => fresh.next().expect("one report per pending job"),
             };
-            let passed = r.outcome == Some(RewardClass::Pass);
-            let executed = matches!(r.outcome, Some(RewardClass::Pass | RewardClass::Failure));
-            let outcome = r.outcome_label();
+            let (outcome, passed, executed) = scored(&r);
             tr.passed += passed as usize;
             tr.executed += executed as usize;
             tr.samples.push(SampleResult {
@@ -408,15 +412,22 @@ pub fn evaluate_strategy(
     ))
 }
 
-/// The figures of an evaluation of `tasks` from its per-task results.
-fn summarize(
-    tasks: &[&Task],
-    results: Vec<TaskResult>,
-    eval: &EvalConfig,
-    seconds: f64,
-    strategy: &dyn Strategy,
-    env: &Env,
-) -> EvalResult {
+/// A sample's outcome label, whether it passed and whether it executed.
+fn scored(r: &ExecReport) -> (String, bool, bool) {
+    let passed = r.outcome == Some(RewardClass::Pass);
+    let executed = matches!(r.outcome, Some(RewardClass::Pass | RewardClass::Failure));
+    (r.outcome_label(), passed, executed)
+}
+
+type Figures = (
+    BTreeMap<String, f64>,
+    BTreeMap<String, f64>,
+    BTreeMap<String, usize>,
+);
+
+/// pass@k and exec@k for each k, averaged over tasks, and samples by
+/// outcome.
+fn figures(results: &[TaskResult], ks: &[usize]) -> Figures {
     let mut outcomes = BTreeMap::new();
     for s in results.iter().flat_map(|t| &t.samples) {
         *outcomes.entry(s.outcome.clone()).or_insert(0) += 1;
@@ -426,15 +437,33 @@ fn summarize(
     };
     let mut pass_at = BTreeMap::new();
     let mut exec_at = BTreeMap::new();
-    for &k in &eval.k {
+    for &k in ks {
         pass_at.insert(k.to_string(), mean(&|t| pass_at_k(t.n, t.passed, k)));
         exec_at.insert(k.to_string(), mean(&|t| pass_at_k(t.n, t.executed, k)));
     }
-    let transitions = Transitions::from_tasks(&results);
-    let cuda = tasks
+    (pass_at, exec_at, outcomes)
+}
+
+/// `simulator` or `device` when `tasks` hold numba-cuda tasks.
+fn cuda_of(tasks: &[&Task], sandbox: &Sandbox) -> Option<String> {
+    tasks
         .iter()
         .any(|t| t.kind == crate::task::TaskKind::NumbaCuda)
-        .then(|| env.sandbox.cuda_label().to_owned());
+        .then(|| sandbox.cuda_label().to_owned())
+}
+
+/// The figures of an evaluation of `tasks` from its per-task results.
+fn summarize(
+    tasks: &[&Task],
+    results: Vec<TaskResult>,
+    eval: &EvalConfig,
+    seconds: f64,
+    strategy: &dyn Strategy,
+    env: &Env,
+) -> EvalResult {
+    let (pass_at, exec_at, outcomes) = figures(&results, &eval.k);
+    let transitions = Transitions::from_tasks(&results);
+    let cuda = cuda_of(tasks, env.sandbox);
     EvalResult {
         tasks: results,
         pass_at,
@@ -447,7 +476,111 @@ fn summarize(
         transitions,
         strategy_stats: strategy.stats().into_iter().collect(),
         cuda,
+        rescored: false,
     }
+}
+
+/// What [`rescore`] made of a result.
+#[derive(Debug)]
+pub struct Rescored {
+    pub result: EvalResult,
+    /// Samples whose outcome changed, by (old outcome, new outcome).
+    pub changed: BTreeMap<(String, String), usize>,
+}
+
+/// Score every saved final answer of `old` again on all of its task's tests
+/// with today's code extraction and `sandbox`: after a fix to either, or to
+/// the tests, a result is brought up to date without generating anything.
+/// Exact for single-shot strategies; for repairing ones only the final
+/// answers are rescored, since the repair loop saw the scoring of its day.
+/// pass@k and exec@k are recomputed for the k the result had.
+pub fn rescore(
+    old: &EvalResult,
+    tasks: &[&Task],
+    sandbox: &Sandbox,
+) -> Result<Rescored, EvalError> {
+    let by_id: std::collections::HashMap<&str, &Task> =
+        tasks.iter().map(|t| (t.id.as_str(), *t)).collect();
+    let mut found = Vec::with_capacity(old.tasks.len());
+    for t in &old.tasks {
+        let Some(&task) = by_id.get(t.id.as_str()) else {
+            return Err(EvalError::Invalid(format!(
+                "task {} of the result is not in the configured task set",
+                t.id
+            )));
+        };
+        if t.samples.len() != t.n {
+            return Err(EvalError::Invalid(format!(
+                "task {} says n = {} but holds {} samples",
+                t.id,
+                t.n,
+                t.samples.len()
+            )));
+        }
+        found.push(task);
+    }
+    let ks: Vec<usize> = old
+        .pass_at
+        .keys()
+        .chain(old.exec_at.keys())
+        .map(|k| {
+            k.parse::<usize>()
+                .map_err(|_| EvalError::Invalid(format!("pass@{k}: k is not a count")))
+        })
+        .collect::<Result<std::collections::BTreeSet<_>, _>>()?
+        .into_iter()
+        .collect();
+    if let Some(t) = old
+        .tasks
+        .iter()
+        .find(|t| ks.iter().any(|&k| k == 0 || k > t.n))
+    {
+        return Err(EvalError::Invalid(format!(
+            "task {} has {} samples, too few for pass@k with k in {ks:?}",
+            t.id, t.n
+        )));
+    }
+    let jobs: Vec<(&Task, &str)> = old
+        .tasks
+        .iter()
+        .zip(&found)
+        .flat_map(|(t, &task)| {
+            t.samples
+                .iter()
+                .map(move |s| (task, code_in_completion(&s.completion).1))
+        })
+        .collect();
+    let mut reports = sandbox.run_batch(&jobs).into_iter();
+    let mut changed = BTreeMap::new();
+    let mut results = old.tasks.clone();
+    for t in &mut results {
+        (t.passed, t.executed) = (0, 0);
+        for s in &mut t.samples {
+            let r = reports.next().expect("one report per sample");
+            let (outcome, passed, executed) = scored(&r);
+            if outcome != s.outcome {
+                *changed
+                    .entry((s.outcome.clone(), outcome.clone()))
+                    .or_insert(0) += 1;
+            }
+            (s.outcome, s.passed, s.executed) = (outcome, passed, executed);
+            t.passed += passed as usize;
+            t.executed += executed as usize;
+        }
+    }
+    let (pass_at, exec_at, outcomes) = figures(&results, &ks);
+    Ok(Rescored {
+        result: EvalResult {
+            tasks: results,
+            pass_at,
+            exec_at,
+            outcomes,
+            cuda: cuda_of(&found, sandbox).or_else(|| old.cuda.clone()),
+            rescored: true,
+            ..old.clone()
+        },
+        changed,
+    })
 }
 
 /// Where [`evaluate_in_groups`] keeps its finished groups, and what made
@@ -664,6 +797,7 @@ mod tests {
             transitions: Transitions::default(),
             strategy_stats: BTreeMap::new(),
             cuda: None,
+            rescored: false,
         }
     }
 
