@@ -1319,7 +1319,10 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
         None => {}
     }
     let Some(config) = &args.config else {
-        return Err(UsageError("falcon eval needs --config FILE (or `compare A B`)".into()).into());
+        return Err(UsageError(
+            "falcon eval needs --config FILE (or `compare A B`, `rescore RESULT`)".into(),
+        )
+        .into());
     };
     let cfg = RunConfig::load(config).map_err(|e| UsageError(e.to_string()))?;
     let tasks = load_eval_tasks(&cfg, config)?;
