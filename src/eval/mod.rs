@@ -552,8 +552,8 @@ pub fn rescore(
         .collect();
     let mut reports = sandbox.run_batch(&jobs).into_iter();
     let mut changed = BTreeMap::new();
-    let mut results = old.tasks.clone();
-    for t in &mut results {
+    let mut result = old.clone();
+    for t in &mut result.tasks {
         (t.passed, t.executed) = (0, 0);
         for s in &mut t.samples {
             let r = reports.next().expect("one report per sample");
@@ -568,19 +568,12 @@ pub fn rescore(
             t.executed += executed as usize;
         }
     }
-    let (pass_at, exec_at, outcomes) = figures(&results, &ks);
-    Ok(Rescored {
-        result: EvalResult {
-            tasks: results,
-            pass_at,
-            exec_at,
-            outcomes,
-            cuda: cuda_of(&found, sandbox).or_else(|| old.cuda.clone()),
-            rescored: true,
-            ..old.clone()
-        },
-        changed,
-    })
+    (result.pass_at, result.exec_at, result.outcomes) = figures(&result.tasks, &ks);
+    if let Some(cuda) = cuda_of(&found, sandbox) {
+        result.cuda = Some(cuda);
+    }
+    result.rescored = true;
+    Ok(Rescored { result, changed })
 }
 
 /// Where [`evaluate_in_groups`] keeps its finished groups, and what made
