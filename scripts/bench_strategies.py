@@ -136,6 +136,27 @@ def finished(bench, strategy, args):
     return None
 
 
+def mirror(src, dst):
+    """Copies the finished groups (and the manifest) of a partial evaluation from `src` to
+    `dst` where `dst` lacks them, each atomically; returns how many were copied. The bench
+    keeps a running arm's groups under results/ (committed) as well as runs/: a MemoCoder arm
+    takes longer than a machine lives, and runs/ does not outlive it."""
+    if not os.path.isdir(src):
+        return 0
+    copied = 0
+    for f in sorted(os.listdir(src)):
+        if not (f == "manifest.json" or (f.startswith("group-") and f.endswith(".json"))):
+            continue
+        if os.path.exists(os.path.join(dst, f)):
+            continue
+        os.makedirs(dst, exist_ok=True)
+        tmp = os.path.join(dst, f + ".tmp")
+        shutil.copyfile(os.path.join(src, f), tmp)
+        os.replace(tmp, os.path.join(dst, f))
+        copied += 1
+    return copied
+
+
 def mcnemar(b, c):
     n = b + c
     if n == 0:
@@ -205,13 +226,28 @@ def main():
         if bench not in checked:
             preflight(falcon_bin, bench, cfg, args)
             checked.add(bench)
+        partial, kept_partial = out + ".partial", os.path.join(KEPT, name + ".partial")
+        restored = mirror(kept_partial, partial)
+        if restored:
+            print(f"[bench] {name}: {restored} kept group file(s) restored from {kept_partial}",
+                  file=sys.stderr, flush=True)
         print(f"[bench] {name}: falcon eval --config {cfg}", file=sys.stderr, flush=True)
         t0 = time.time()
-        subprocess.run([falcon_bin, "eval", "--config", cfg, "--out", out], check=True)
+        proc = subprocess.Popen([falcon_bin, "eval", "--config", cfg, "--out", out])
+        while True:
+            try:
+                rc = proc.wait(timeout=30)
+                break
+            except subprocess.TimeoutExpired:
+                mirror(partial, kept_partial)
+        if rc != 0:
+            mirror(partial, kept_partial)
+            sys.exit(f"[bench] {name}: falcon eval exited with {rc}; rerun to continue from the kept groups")
         print(f"[bench] {name}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
         os.makedirs(KEPT, exist_ok=True)
         shutil.copyfile(out, os.path.join(KEPT, name + ".json.tmp"))
         os.replace(os.path.join(KEPT, name + ".json.tmp"), os.path.join(KEPT, name + ".json"))
+        shutil.rmtree(kept_partial, ignore_errors=True)
 
     print("| benchmark | strategy | tasks | n | pass@1 | pass@5 | exec@1 | seconds "
           "| vs baseline, first samples: McNemar (only this / only baseline, p) "
