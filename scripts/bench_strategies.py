@@ -226,7 +226,8 @@ def main():
         if bench not in checked:
             preflight(falcon_bin, bench, cfg, args)
             checked.add(bench)
-        partial, kept_partial = out + ".partial", os.path.join(KEPT, name + ".partial")
+        # `falcon eval --out X.json` keeps its groups in X.partial/.
+        partial, kept_partial = os.path.join(OUT, "results", name + ".partial"), os.path.join(KEPT, name + ".partial")
         restored = mirror(kept_partial, partial)
         if restored:
             print(f"[bench] {name}: {restored} kept group file(s) restored from {kept_partial}",
