@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from benchcfg import run_header
+from benchcfg import copy_atomic, run_header
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "runs", "bench-learning")
@@ -234,9 +234,7 @@ def extra_eval(arm, r, path):
     print(f"arm {arm}: {weights} on {path}", file=sys.stderr)
     falcon("eval", "--config", cpath, "--checkpoint", weights, "--out", out)
     os.makedirs(kept_dir(), exist_ok=True)
-    tmp = os.path.join(kept_dir(), f".{arm}-{stem}.json.tmp")
-    shutil.copyfile(out, tmp)
-    os.replace(tmp, kept)
+    copy_atomic(out, kept)
     return kept
 
 

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from benchcfg import copy_atomic
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "runs", "bench-strategies")
 DATA = os.path.join(OUT, "data")
@@ -150,9 +152,7 @@ def mirror(src, dst):
         if os.path.exists(os.path.join(dst, f)):
             continue
         os.makedirs(dst, exist_ok=True)
-        tmp = os.path.join(dst, f + ".tmp")
-        shutil.copyfile(os.path.join(src, f), tmp)
-        os.replace(tmp, os.path.join(dst, f))
+        copy_atomic(os.path.join(src, f), os.path.join(dst, f))
         copied += 1
     return copied
 
@@ -227,7 +227,8 @@ def main():
             preflight(falcon_bin, bench, cfg, args)
             checked.add(bench)
         # `falcon eval --out X.json` keeps its groups in X.partial/.
-        partial, kept_partial = os.path.join(OUT, "results", name + ".partial"), os.path.join(KEPT, name + ".partial")
+        partial = os.path.splitext(out)[0] + ".partial"
+        kept_partial = os.path.join(KEPT, name + ".partial")
         restored = mirror(kept_partial, partial)
         if restored:
             print(f"[bench] {name}: {restored} kept group file(s) restored from {kept_partial}",
@@ -246,8 +247,7 @@ def main():
             sys.exit(f"[bench] {name}: falcon eval exited with {rc}; rerun to continue from the kept groups")
         print(f"[bench] {name}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
         os.makedirs(KEPT, exist_ok=True)
-        shutil.copyfile(out, os.path.join(KEPT, name + ".json.tmp"))
-        os.replace(os.path.join(KEPT, name + ".json.tmp"), os.path.join(KEPT, name + ".json"))
+        copy_atomic(out, os.path.join(KEPT, name + ".json"))
         shutil.rmtree(kept_partial, ignore_errors=True)
 
     print("| benchmark | strategy | tasks | n | pass@1 | pass@5 | exec@1 | seconds "

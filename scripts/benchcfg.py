@@ -1,6 +1,19 @@
-"""The run-config header the bench and check scripts share: [run], [model] and a LoRA
-adapter on the attention projections. Each script appends its own sections."""
+"""What the bench and check scripts share: the run-config header ([run], [model] and a LoRA
+adapter on the attention projections; each script appends its own sections), and the
+atomic copy that keeps their results under results/."""
 import json
+import os
+import shutil
+
+
+def copy_atomic(src, dst):
+    """Copies `src` to `dst` through a temp file in `dst`'s directory, fsynced, then renamed:
+    a kept result is either whole or absent, never half-written."""
+    tmp = os.path.join(os.path.dirname(dst) or ".", f".{os.path.basename(dst)}.tmp-{os.getpid()}")
+    shutil.copyfile(src, tmp)
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, dst)
 
 
 def run_header(name, output_dir, model, *, seed=1, device="cpu", lora_rank=16, dropout=None):
