@@ -6,14 +6,22 @@ thread count and prompt, decode greedily for exactly N new tokens, and are
 timed around generation only (model load excluded, one warm-up run each),
 the two sides alternating run by run.
 Prints one row per (dtype, batch) and the ratio falcon / transformers.
+
+With --ragged N, a second table times one batch of N prompts of different lengths (evenly
+spread from --ragged-max/8 to --ragged-max tokens, the shape of a repair round's prompts) with
+--tokens new tokens each: transformers pads them all to the longest, falcon prefills them in
+chunks of similar length. Prompt processing dominates there, so the table gives seconds per
+batch and the speed ratio transformers seconds / falcon seconds.
 """
 
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 PROMPT = "def quicksort(xs):\n    \"\"\"Sort a list of integers in ascending order.\"\"\"\n"
@@ -29,6 +37,33 @@ def falcon_tps(bin_, model, dtype, batch, tokens, threads, device):
     summary = json.loads(out.strip().splitlines()[-1])["summary"]
     assert summary["new_tokens"] == batch * tokens, summary
     return summary["tokens_per_second"]
+
+
+def falcon_seconds(bin_, model, dtype, prompts, tokens, threads, device):
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        f.write("".join(json.dumps(p) + "\n" for p in prompts))
+    try:
+        cmd = [bin_, "--threads", str(threads), "generate", "--model", model, "--dtype", dtype,
+               "--device", device, "--max-new-tokens", str(tokens), "--ignore-eos", "--json",
+               "--prompts-file", f.name]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    finally:
+        os.unlink(f.name)
+    summary = json.loads(out.strip().splitlines()[-1])["summary"]
+    assert summary["new_tokens"] == len(prompts) * tokens, summary
+    return summary["seconds"]
+
+
+def ragged_prompts(tok, n, longest):
+    """n prompts of evenly spread token counts, cut from one synthetic module (deterministic)."""
+    text = "".join(f"def step_{i}(xs, k={i}):\n    \"\"\"Shift every item by {i}.\"\"\"\n"
+                   f"    return [x + k for x in xs if x % {i % 7 + 2}]\n\n" for i in range(4 * longest))
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    lo = max(longest // 8, 1)
+    lens = [lo + (longest - lo) * i // max(n - 1, 1) for i in range(n)]
+    # Shuffled deterministically: a rollout's prompts do not arrive sorted.
+    random.Random(0).shuffle(lens)
+    return [tok.decode(ids[:l]) for l in lens]
 
 
 def resolve_model(bin_, spec):
@@ -55,6 +90,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--ragged", type=int, default=0, help="prompts in the ragged batch (0: skip)")
+    ap.add_argument("--ragged-max", type=int, default=1024, help="longest ragged prompt, tokens")
     a = ap.parse_args()
 
     import torch
@@ -69,10 +106,11 @@ def main():
           f"greedy, repeats: {a.repeats} (median)\n")
     print(f"{'dtype':6} {'batch':>5} {'falcon tok/s':>13} {'transformers tok/s':>19} {'ratio':>7}")
     rows = []
-    for dtype in a.dtypes.split(","):
+    batches = [int(b) for b in a.batches.split(",") if b]
+    for dtype in a.dtypes.split(",") if batches else []:
         tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=tdtype).to(dev).eval()
-        for batch in [int(b) for b in a.batches.split(",")]:
+        for batch in batches:
             enc = tok([PROMPT] * batch, return_tensors="pt").to(dev)
 
             def hf_once():
@@ -99,6 +137,48 @@ def main():
             hf, ours = statistics.median(hf_runs), statistics.median(our_runs)
             rows.append((dtype, batch, ours, hf))
             print(f"{dtype:6} {batch:>5} {ours:>13.1f} {hf:>19.1f} {ours / hf:>6.2f}x", flush=True)
+        del model
+    if a.ragged:
+        ragged(a, bin_, model_dir, tok, dev)
+
+
+def ragged(a, bin_, model_dir, tok, dev):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompts = ragged_prompts(tok, a.ragged, a.ragged_max)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    enc = tok(prompts, return_tensors="pt", padding=True).to(dev)
+    real = int(enc["attention_mask"].sum())
+    padded = enc["attention_mask"].numel()
+    print(f"\nragged batch: {a.ragged} prompts, {real} prompt tokens ({padded} padded), "
+          f"{a.tokens} new tokens each")
+    print(f"{'dtype':6} {'falcon s':>9} {'transformers s':>15} {'speed ratio':>12}")
+    for dtype in a.dtypes.split(","):
+        tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=tdtype).to(dev).eval()
+
+        def hf_once():
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                out = model.generate(**enc, max_new_tokens=a.tokens, min_new_tokens=a.tokens,
+                                     do_sample=False, pad_token_id=tok.pad_token_id)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            assert out.shape[1] - enc["input_ids"].shape[1] == a.tokens
+            return time.perf_counter() - t0
+
+        hf_runs, our_runs = [], []
+        for _ in range(a.repeats):
+            hf_runs.append(hf_once())
+            our_runs.append(falcon_seconds(bin_, model_dir, dtype, prompts, a.tokens, a.threads,
+                                           a.device))
+        hf, ours = statistics.median(hf_runs), statistics.median(our_runs)
+        print(f"{dtype:6} {ours:>9.1f} {hf:>15.1f} {hf / ours:>11.2f}x", flush=True)
         del model
 
 

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use super::decoder::{distinct_rows, left_padded, Decoder, DecoderConfig, KvCache, LogitsFor};
+use super::decoder::{distinct_rows, Decoder, DecoderConfig, LogitsFor};
 use super::lora;
 use super::sampling::Sampler;
 use super::tokenizer::{ChatMessage, TextTokenizer};
@@ -431,7 +431,6 @@ impl Policy {
         // their cache rows and first logits are then copied per sample.
         let (distinct, row_of) = distinct_rows(prompts.iter().map(Vec::as_slice));
         let m = distinct.len();
-        let (ids, valid) = left_padded(&distinct, pad, device);
         let eos_t = Tensor::from_slice(&eos.iter().copied().collect::<Vec<_>>()).to_device(device);
         if let Some(seed) = params.seed {
             tch::manual_seed(seed as i64);
@@ -449,19 +448,9 @@ impl Policy {
             .collect();
         let mut done = vec![false; b];
         let capacity = (max_len + params.max_new_tokens) as i64;
-        let mut cache = KvCache::new(
-            &self.model.config,
-            m as i64,
-            capacity,
-            self.model.kind(),
-            device,
-        );
 
         tch::no_grad(|| -> Result<(), ModelError> {
-            let mut logits = self
-                .model
-                .forward(&ids, Some(&valid), Some(&mut cache), LogitsFor::Last, false)?
-                .squeeze_dim(1);
+            let (mut cache, mut logits) = self.model.prefill(&distinct, pad, capacity, false)?;
             if m < b {
                 let idx = Tensor::from_slice(&row_of).to_device(device);
                 cache.keep_rows(&idx);
