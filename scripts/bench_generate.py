@@ -104,9 +104,10 @@ def main():
     dev = "cuda" if a.device.startswith("cuda") else "cpu"
     print(f"model: {model_dir}\ndevice: {a.device}, threads: {a.threads}, new tokens: {a.tokens}, "
           f"greedy, repeats: {a.repeats} (median)\n")
-    print(f"{'dtype':6} {'batch':>5} {'falcon tok/s':>13} {'transformers tok/s':>19} {'ratio':>7}")
     rows = []
     batches = [int(b) for b in a.batches.split(",") if b]
+    if batches:
+        print(f"{'dtype':6} {'batch':>5} {'falcon tok/s':>13} {'transformers tok/s':>19} {'ratio':>7}")
     for dtype in a.dtypes.split(",") if batches else []:
         tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=tdtype).to(dev).eval()
