@@ -27,31 +27,66 @@ import time
 PROMPT = "def quicksort(xs):\n    \"\"\"Sort a list of integers in ascending order.\"\"\"\n"
 
 
-def falcon_tps(bin_, model, dtype, batch, tokens, threads, device):
+def falcon_summary(bin_, model, dtype, tokens, threads, device, prompt_args, rows):
+    """One `falcon generate` run; its summary line, checked to hold rows x tokens new tokens."""
     cmd = [
         bin_, "--threads", str(threads), "generate", "--model", model, "--dtype", dtype,
         "--device", device, "--max-new-tokens", str(tokens), "--ignore-eos", "--json",
-        "--repeat", str(batch), "--prompt", PROMPT,
-    ]
+    ] + prompt_args
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     summary = json.loads(out.strip().splitlines()[-1])["summary"]
-    assert summary["new_tokens"] == batch * tokens, summary
-    return summary["tokens_per_second"]
+    assert summary["new_tokens"] == rows * tokens, summary
+    return summary
+
+
+def falcon_tps(bin_, model, dtype, batch, tokens, threads, device):
+    return falcon_summary(bin_, model, dtype, tokens, threads, device,
+                          ["--repeat", str(batch), "--prompt", PROMPT], batch)["tokens_per_second"]
 
 
 def falcon_seconds(bin_, model, dtype, prompts, tokens, threads, device):
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
         f.write("".join(json.dumps(p) + "\n" for p in prompts))
     try:
-        cmd = [bin_, "--threads", str(threads), "generate", "--model", model, "--dtype", dtype,
-               "--device", device, "--max-new-tokens", str(tokens), "--ignore-eos", "--json",
-               "--prompts-file", f.name]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        return falcon_summary(bin_, model, dtype, tokens, threads, device,
+                              ["--prompts-file", f.name], len(prompts))["seconds"]
     finally:
         os.unlink(f.name)
-    summary = json.loads(out.strip().splitlines()[-1])["summary"]
-    assert summary["new_tokens"] == len(prompts) * tokens, summary
-    return summary["seconds"]
+
+
+def interleaved(repeats, hf_once, ours_once):
+    """Medians of `repeats` runs of each side, alternating, so that a noisy neighbour slows
+    both sides alike: (transformers, falcon)."""
+    hf_runs, our_runs = [], []
+    for _ in range(repeats):
+        hf_runs.append(hf_once())
+        our_runs.append(ours_once())
+    return statistics.median(hf_runs), statistics.median(our_runs)
+
+
+def hf_model(model_dir, dtype, dev):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=tdtype).to(dev).eval()
+
+
+def hf_seconds(model, enc, tokens, pad_token_id, dev):
+    """Seconds for one greedy transformers `generate` of exactly `tokens` new tokens per row."""
+    import torch
+
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=tokens, min_new_tokens=tokens,
+                             do_sample=False, pad_token_id=pad_token_id)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    assert out.shape[1] - enc["input_ids"].shape[1] == tokens
+    return dt
 
 
 def ragged_prompts(tok, n, longest):
@@ -95,7 +130,7 @@ def main():
     a = ap.parse_args()
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     torch.set_num_threads(a.threads)
     bin_ = os.environ.get("FALCON_BIN", "target/release/falcon")
@@ -109,33 +144,17 @@ def main():
     if batches:
         print(f"{'dtype':6} {'batch':>5} {'falcon tok/s':>13} {'transformers tok/s':>19} {'ratio':>7}")
     for dtype in a.dtypes.split(",") if batches else []:
-        tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=tdtype).to(dev).eval()
+        model = hf_model(model_dir, dtype, dev)
         for batch in batches:
             enc = tok([PROMPT] * batch, return_tensors="pt").to(dev)
 
             def hf_once():
-                if dev == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                with torch.no_grad():
-                    out = model.generate(**enc, max_new_tokens=a.tokens, min_new_tokens=a.tokens,
-                                         do_sample=False, pad_token_id=tok.eos_token_id)
-                if dev == "cuda":
-                    torch.cuda.synchronize()
-                dt = time.perf_counter() - t0
-                assert out.shape[1] - enc["input_ids"].shape[1] == a.tokens
-                return batch * a.tokens / dt
+                return batch * a.tokens / hf_seconds(model, enc, a.tokens, tok.eos_token_id, dev)
 
             hf_once()  # warm-ups
             falcon_tps(bin_, model_dir, dtype, batch, a.tokens, a.threads, a.device)
-            # Interleaved, so that a noisy neighbour slows both sides alike.
-            hf_runs, our_runs = [], []
-            for _ in range(a.repeats):
-                hf_runs.append(hf_once())
-                our_runs.append(falcon_tps(bin_, model_dir, dtype, batch, a.tokens, a.threads,
-                                           a.device))
-            hf, ours = statistics.median(hf_runs), statistics.median(our_runs)
+            hf, ours = interleaved(a.repeats, hf_once, lambda: falcon_tps(
+                bin_, model_dir, dtype, batch, a.tokens, a.threads, a.device))
             rows.append((dtype, batch, ours, hf))
             print(f"{dtype:6} {batch:>5} {ours:>13.1f} {hf:>19.1f} {ours / hf:>6.2f}x", flush=True)
         del model
@@ -144,9 +163,6 @@ def main():
 
 
 def ragged(a, bin_, model_dir, tok, dev):
-    import torch
-    from transformers import AutoModelForCausalLM
-
     prompts = ragged_prompts(tok, a.ragged, a.ragged_max)
     tok.padding_side = "left"
     if tok.pad_token is None:
@@ -158,27 +174,15 @@ def ragged(a, bin_, model_dir, tok, dev):
           f"{a.tokens} new tokens each")
     print(f"{'dtype':6} {'falcon s':>9} {'transformers s':>15} {'speed ratio':>12}")
     for dtype in a.dtypes.split(","):
-        tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=tdtype).to(dev).eval()
+        model = hf_model(model_dir, dtype, dev)
 
         def hf_once():
-            if dev == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                out = model.generate(**enc, max_new_tokens=a.tokens, min_new_tokens=a.tokens,
-                                     do_sample=False, pad_token_id=tok.pad_token_id)
-            if dev == "cuda":
-                torch.cuda.synchronize()
-            assert out.shape[1] - enc["input_ids"].shape[1] == a.tokens
-            return time.perf_counter() - t0
+            return hf_seconds(model, enc, a.tokens, tok.pad_token_id, dev)
 
-        hf_runs, our_runs = [], []
-        for _ in range(a.repeats):
-            hf_runs.append(hf_once())
-            our_runs.append(falcon_seconds(bin_, model_dir, dtype, prompts, a.tokens, a.threads,
-                                           a.device))
-        hf, ours = statistics.median(hf_runs), statistics.median(our_runs)
+        # A cheap warm-up (one short row): transformers' first generate pays one-off set-up.
+        hf_seconds(model, tok([PROMPT], return_tensors="pt").to(dev), 1, tok.pad_token_id, dev)
+        hf, ours = interleaved(a.repeats, hf_once, lambda: falcon_seconds(
+            bin_, model_dir, dtype, prompts, a.tokens, a.threads, a.device))
         print(f"{dtype:6} {ours:>9.1f} {hf:>15.1f} {hf / ours:>11.2f}x", flush=True)
         del model
 
