@@ -853,10 +853,15 @@ impl Decoder {
     ) -> Result<(KvCache, Tensor), ModelError> {
         let device = self.device();
         let m = prompts.len();
-        if m == 0 || prompts.iter().any(|p| p.is_empty()) {
+        if m == 0 {
             return Err(ModelError::Invalid(
-                "prefill needs at least one prompt, none of them empty".into(),
+                "prefill needs at least one prompt".into(),
             ));
+        }
+        if let Some(i) = prompts.iter().position(|p| p.is_empty()) {
+            return Err(ModelError::Invalid(format!(
+                "prompt {i} is empty: it has no last token to predict from"
+            )));
         }
         let l = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
         if capacity < l as i64 {
@@ -896,18 +901,12 @@ impl Decoder {
         }
         let back = Tensor::from_slice(&back).to_device(device);
         let unsort = |parts: &[Tensor]| Tensor::cat(parts, 0).index_select(0, &back);
-        let cap = capacity as usize;
-        let mut valid = vec![false; m * cap];
-        for (i, p) in prompts.iter().enumerate() {
-            valid[i * cap + l - p.len()..i * cap + l].fill(true);
-        }
+        let (_, valid) = left_padded(prompts, pad, device);
         let lens: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
         let cache = KvCache {
             k: ks.iter().map(|p| unsort(p)).collect(),
             v: vs.iter().map(|p| unsort(p)).collect(),
-            valid: Tensor::from_slice(&valid)
-                .view([m as i64, capacity])
-                .to_device(device),
+            valid: valid.constant_pad_nd([0, capacity - l as i64]),
             next_pos: Tensor::from_slice(&lens).to_device(device),
             len: l as i64,
             capacity,
@@ -954,11 +953,6 @@ impl Decoder {
                 "shared-prefix scoring: {} rows for {b} completions over {m} prompts",
                 rows.len()
             )));
-        }
-        if prompts.iter().any(|p| p.is_empty()) {
-            return Err(ModelError::Invalid(
-                "shared-prefix scoring: an empty prompt has no last token to predict from".into(),
-            ));
         }
         let l = completions
             .iter()
