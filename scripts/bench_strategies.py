@@ -11,10 +11,12 @@ McNemar's exact test of each strategy against zero-shot on the same tasks
 (first sample per task).
 """
 import argparse
+import collections
 import gzip
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -179,6 +181,58 @@ def first_pass(result):
     return {t["id"]: t["samples"][0]["passed"] for t in result["tasks"]}
 
 
+def cut_off(sample):
+    """An answer that opens a code fence and never closes it: it ran to the
+    token limit (the result does not record the stop reason)."""
+    return sample["completion"].count("```") % 2 == 1
+
+
+def repeats(text):
+    """One line three times or more, or one phrase (6..40 characters) three
+    times in a row in the last 300 characters: a degenerate loop."""
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    most = max((lines.count(l) for l in set(lines)), default=0)
+    return most >= 3 or re.search(r"(.{6,40}?)\1{2,}", text[-300:], re.S) is not None
+
+
+def details(name, r, base, group):
+    """The diagnostics docs/eval.md quotes for one arm, against its baseline."""
+    samples = [s for t in r["tasks"] for s in t["samples"]]
+    print(f"## {name}: {len(r['tasks'])} tasks, {len(samples)} samples")
+    for label, res in [("this arm", r), ("baseline", base)]:
+        if res:
+            hist = ", ".join(f"{k} {v}" for k, v in sorted(res["outcomes"].items(), key=lambda kv: -kv[1]))
+            print(f"final outcomes, {label}: {hist}")
+    syntax = [s for s in samples if s["outcome"] == "SyntaxError"]
+    cut = [s for s in syntax if cut_off(s)]
+    print(f"SyntaxError {len(syntax)}: {len(cut)} open a code fence and never close it (token limit), "
+          f"{sum(repeats(s['completion']) for s in cut)} of those repeat themselves")
+    if not any(len(s.get("attempts", [])) > 1 for s in samples):
+        return
+    first = collections.Counter(s["attempts"][0] for s in samples if s["attempts"])
+    last = collections.Counter(s["attempts"][-1] for s in samples if s["attempts"])
+    print("first attempt on the guiding test:", ", ".join(f"{k} {v}" for k, v in first.most_common()))
+    guide = [s for s in samples if s["attempts"] and s["attempts"][-1] == "pass"]
+    print(f"final answers passing the guiding test: {len(guide)}, of which pass all tests: "
+          f"{sum(bool(s['passed']) for s in guide)} (guide passes: first attempt {first['pass']}, "
+          f"last attempt {last['pass']})")
+    labels, counts = r["transitions"]["labels"], r["transitions"]["counts"]
+    pairs = sorted(((counts[i][j], a, b) for i, a in enumerate(labels) for j, b in enumerate(labels)),
+                   reverse=True)
+    total = sum(map(sum, counts))
+    print(f"repair transitions {total}; most frequent: "
+          + ", ".join(f"{a} -> {b} {n}" for n, a, b in pairs[:8] if n))
+    print(f"repairs ending in SyntaxError, by group of {group} tasks:")
+    for res, label in [(r, "this arm"), (base, "baseline")]:
+        if not res or not any(len(s.get("attempts", [])) > 1 for t in res["tasks"] for s in t["samples"]):
+            continue
+        shares = []
+        for g in range(0, len(res["tasks"]), group):
+            steps = [a for t in res["tasks"][g:g + group] for s in t["samples"] for a in s["attempts"][1:]]
+            shares.append(f"{sum(a == 'SyntaxError' for a in steps)}/{len(steps)}")
+        print(f"  {label}: " + " ".join(shares))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="embedded:smollm2-135m-instruct")
@@ -196,8 +250,24 @@ def main():
                     help="a run directory with memory.sqlite (scripts/bench-learning's arm c writes one)")
     ap.add_argument("--only", default="", help="comma-separated bench:strategy arms to run (default: all)")
     ap.add_argument("--table", action="store_true", help="print the table of the finished arms; run nothing")
+    ap.add_argument("--details", default="",
+                    help="bench:strategy of a finished arm: print its diagnostics (outcomes, token-limit "
+                         "cut-offs, repair transitions) against its baseline, and the baseline given as "
+                         "--details-baseline (default zero-shot; doc-rag on ndonnx); run nothing")
+    ap.add_argument("--details-baseline", default="",
+                    help="the strategy --details compares with (default zero-shot; doc-rag on ndonnx)")
     args = ap.parse_args()
 
+    if args.details:
+        bench, _, strategy = args.details.partition(":")
+        path = finished(bench, strategy, args)
+        if not path:
+            sys.exit(f"[bench] {args.details}: no finished result for these task counts and n")
+        base_name = args.details_baseline or ("doc-rag" if bench == "ndonnx" else "zero-shot")
+        base_path = finished(bench, base_name, args)
+        base = json.load(open(base_path)) if base_path else None
+        details(f"{args.details} (baseline {base_name})", json.load(open(path)), base, args.checkpoint_tasks)
+        return
     code = ("zero-shot", "self-repair", "memocoder", "falcon")
     arms = [("mbpp", s) for s in code] + [("ndonnx", "doc-rag"), ("ndonnx", "memcoder")]
     arms += [("humaneval", s) for s in code]
