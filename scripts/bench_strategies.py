@@ -181,6 +181,16 @@ def first_pass(result):
     return {t["id"]: t["samples"][0]["passed"] for t in result["tasks"]}
 
 
+def baseline_of(bench):
+    """The strategy an arm is compared with."""
+    return "doc-rag" if bench == "ndonnx" else "zero-shot"
+
+
+def repaired_any(result):
+    """Whether any sample of `result` made a repair attempt."""
+    return any(len(s.get("attempts", [])) > 1 for t in result["tasks"] for s in t["samples"])
+
+
 def cut_off(sample):
     """An answer that opens a code fence and never closes it: it ran to the
     token limit (the result does not record the stop reason)."""
@@ -207,7 +217,7 @@ def details(name, r, base, group):
     cut = [s for s in syntax if cut_off(s)]
     print(f"SyntaxError {len(syntax)}: {len(cut)} open a code fence and never close it (token limit), "
           f"{sum(repeats(s['completion']) for s in cut)} of those repeat themselves")
-    if not any(len(s.get("attempts", [])) > 1 for s in samples):
+    if not repaired_any(r):
         return
     first = collections.Counter(s["attempts"][0] for s in samples if s["attempts"])
     last = collections.Counter(s["attempts"][-1] for s in samples if s["attempts"])
@@ -224,7 +234,7 @@ def details(name, r, base, group):
           + ", ".join(f"{a} -> {b} {n}" for n, a, b in pairs[:8] if n))
     print(f"repairs ending in SyntaxError, by group of {group} tasks:")
     for res, label in [(r, "this arm"), (base, "baseline")]:
-        if not res or not any(len(s.get("attempts", [])) > 1 for t in res["tasks"] for s in t["samples"]):
+        if not res or not repaired_any(res):
             continue
         shares = []
         for g in range(0, len(res["tasks"]), group):
@@ -252,8 +262,7 @@ def main():
     ap.add_argument("--table", action="store_true", help="print the table of the finished arms; run nothing")
     ap.add_argument("--details", default="",
                     help="bench:strategy of a finished arm: print its diagnostics (outcomes, token-limit "
-                         "cut-offs, repair transitions) against its baseline, and the baseline given as "
-                         "--details-baseline (default zero-shot; doc-rag on ndonnx); run nothing")
+                         "cut-offs, repair transitions) against its baseline; run nothing")
     ap.add_argument("--details-baseline", default="",
                     help="the strategy --details compares with (default zero-shot; doc-rag on ndonnx)")
     args = ap.parse_args()
@@ -263,7 +272,7 @@ def main():
         path = finished(bench, strategy, args)
         if not path:
             sys.exit(f"[bench] {args.details}: no finished result for these task counts and n")
-        base_name = args.details_baseline or ("doc-rag" if bench == "ndonnx" else "zero-shot")
+        base_name = args.details_baseline or baseline_of(bench)
         base_path = finished(bench, base_name, args)
         base = json.load(open(base_path)) if base_path else None
         details(f"{args.details} (baseline {base_name})", json.load(open(path)), base, args.checkpoint_tasks)
@@ -329,7 +338,7 @@ def main():
         if not path:
             continue
         r = json.load(open(path))
-        base_name = "doc-rag" if bench == "ndonnx" else "zero-shot"
+        base_name = baseline_of(bench)
         base_path = finished(bench, base_name, args)
         cmp = sign = ""
         if strategy != base_name and base_path:
