@@ -205,14 +205,60 @@ def repeats(text):
     return most >= 3 or re.search(r"(.{6,40}?)\1{2,}", text[-300:], re.S) is not None
 
 
-def details(name, r, base, group):
-    """The diagnostics docs/eval.md quotes for one arm, against its baseline."""
+def defines(code, name):
+    return re.search(r"def\s+" + re.escape(name) + r"\s*\(", code) is not None
+
+
+def name_errors(res, entries, fixes):
+    """NameErrors split by whether the answer defines the task's function at
+    all, whether it defines another task's function instead, and whether that
+    name is one a learned fix's code defines (copied from the repair prompt)."""
+    others = set(entries.values())
+    fixed = set()
+    for e in fixes or []:
+        fixed |= set(re.findall(r"def\s+(\w+)\s*\(", e["fixed_code"])) & others
+    total = missing = foreign = from_fix = 0
+    for t in res["tasks"]:
+        mine = entries[t["id"]]
+        for s in t["samples"]:
+            if s["outcome"] != "NameError":
+                continue
+            total += 1
+            if defines(s["completion"], mine):
+                continue
+            missing += 1
+            named = set(re.findall(r"def\s+(\w+)\s*\(", s["completion"])) & (others - {mine})
+            foreign += bool(named)
+            from_fix += bool(named & fixed)
+    line = (f"NameError {total}: {missing} never define the task's function, "
+            f"{foreign} of those define another task's function")
+    if fixes is not None:
+        line += f", {from_fix} of those a function that a learned fix's code defines ({len(fixes)} fixes)"
+    return line
+
+
+def details(name, r, base, group, entries=None, fixes=None):
+    """The diagnostics docs/eval.md quotes for one arm, against its baseline.
+    `entries` maps task ids to function names (HumanEval); `fixes` are the
+    FixEntry records of a kept MemoCoder checkpoint."""
     samples = [s for t in r["tasks"] for s in t["samples"]]
     print(f"## {name}: {len(r['tasks'])} tasks, {len(samples)} samples")
     for label, res in [("this arm", r), ("baseline", base)]:
         if res:
             hist = ", ".join(f"{k} {v}" for k, v in sorted(res["outcomes"].items(), key=lambda kv: -kv[1]))
             print(f"final outcomes, {label}: {hist}")
+    if entries:
+        for label, res in [("this arm", r), ("baseline", base)]:
+            if res:
+                print(f"{label}: " + name_errors(res, entries, fixes if res is r else None))
+        print(f"final NameError / SyntaxError, by group of {group} tasks:")
+        for res, label in [(r, "this arm"), (base, "baseline")]:
+            if res:
+                cells = []
+                for g in range(0, len(res["tasks"]), group):
+                    outs = collections.Counter(s["outcome"] for t in res["tasks"][g:g + group] for s in t["samples"])
+                    cells.append(f"{outs['NameError']}/{outs['SyntaxError']}")
+                print(f"  {label}: " + " ".join(cells))
     syntax = [s for s in samples if s["outcome"] == "SyntaxError"]
     cut = [s for s in syntax if cut_off(s)]
     print(f"SyntaxError {len(syntax)}: {len(cut)} open a code fence and never close it (token limit), "
@@ -265,6 +311,9 @@ def main():
                          "cut-offs, repair transitions) against its baseline; run nothing")
     ap.add_argument("--details-baseline", default="",
                     help="the strategy --details compares with (default zero-shot; doc-rag on ndonnx)")
+    ap.add_argument("--details-fixes", default="",
+                    help="a kept MemoCoder group file (ARM.partial/group-N.json, e.g. from git history): "
+                         "--details also counts NameErrors that define a function its learned fixes define")
     args = ap.parse_args()
 
     if args.details:
@@ -275,7 +324,16 @@ def main():
         base_name = args.details_baseline or baseline_of(bench)
         base_path = finished(bench, base_name, args)
         base = json.load(open(base_path)) if base_path else None
-        details(f"{args.details} (baseline {base_name})", json.load(open(path)), base, args.checkpoint_tasks)
+        entries = None
+        if bench == "humaneval":
+            with open(humaneval_file()) as f:
+                entries = {t["task_id"]: t["entry_point"] for t in map(json.loads, f)}
+        fixes = None
+        if args.details_fixes:
+            with open(args.details_fixes) as f:
+                fixes = [e for _, e in json.load(f)["state"]["fixes"]]
+        details(f"{args.details} (baseline {base_name})", json.load(open(path)), base, args.checkpoint_tasks,
+                entries, fixes)
         return
     code = ("zero-shot", "self-repair", "memocoder", "falcon")
     arms = [("mbpp", s) for s in code] + [("ndonnx", "doc-rag"), ("ndonnx", "memcoder")]
