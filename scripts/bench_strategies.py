@@ -205,8 +205,9 @@ def repeats(text):
     return most >= 3 or re.search(r"(.{6,40}?)\1{2,}", text[-300:], re.S) is not None
 
 
-def defines(code, name):
-    return re.search(r"def\s+" + re.escape(name) + r"\s*\(", code) is not None
+def defined(code):
+    """The names of the functions `code` defines."""
+    return set(re.findall(r"def\s+(\w+)\s*\(", code))
 
 
 def name_errors(res, entries, fixes):
@@ -216,7 +217,7 @@ def name_errors(res, entries, fixes):
     others = set(entries.values())
     fixed = set()
     for e in fixes or []:
-        fixed |= set(re.findall(r"def\s+(\w+)\s*\(", e["fixed_code"])) & others
+        fixed |= defined(e["fixed_code"]) & others
     total = missing = foreign = from_fix = 0
     for t in res["tasks"]:
         mine = entries[t["id"]]
@@ -224,10 +225,11 @@ def name_errors(res, entries, fixes):
             if s["outcome"] != "NameError":
                 continue
             total += 1
-            if defines(s["completion"], mine):
+            names = defined(s["completion"])
+            if mine in names:
                 continue
             missing += 1
-            named = set(re.findall(r"def\s+(\w+)\s*\(", s["completion"])) & (others - {mine})
+            named = names & (others - {mine})
             foreign += bool(named)
             from_fix += bool(named & fixed)
     line = (f"NameError {total}: {missing} never define the task's function, "
