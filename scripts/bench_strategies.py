@@ -239,6 +239,11 @@ def name_errors(res, entries, fixes):
     return line
 
 
+def groups(res, group):
+    """The result's tasks in stream order, `group` at a time (the kept groups)."""
+    return [res["tasks"][g:g + group] for g in range(0, len(res["tasks"]), group)]
+
+
 def details(name, r, base, group, entries=None, fixes=None):
     """The diagnostics docs/eval.md quotes for one arm, against its baseline.
     `entries` maps task ids to function names (HumanEval); `fixes` are the
@@ -257,8 +262,8 @@ def details(name, r, base, group, entries=None, fixes=None):
         for res, label in [(r, "this arm"), (base, "baseline")]:
             if res:
                 cells = []
-                for g in range(0, len(res["tasks"]), group):
-                    outs = collections.Counter(s["outcome"] for t in res["tasks"][g:g + group] for s in t["samples"])
+                for ts in groups(res, group):
+                    outs = collections.Counter(s["outcome"] for t in ts for s in t["samples"])
                     cells.append(f"{outs['NameError']}/{outs['SyntaxError']}")
                 print(f"  {label}: " + " ".join(cells))
     syntax = [s for s in samples if s["outcome"] == "SyntaxError"]
@@ -285,8 +290,8 @@ def details(name, r, base, group, entries=None, fixes=None):
         if not res or not repaired_any(res):
             continue
         shares = []
-        for g in range(0, len(res["tasks"]), group):
-            steps = [a for t in res["tasks"][g:g + group] for s in t["samples"] for a in s["attempts"][1:]]
+        for ts in groups(res, group):
+            steps = [a for t in ts for s in t["samples"] for a in s["attempts"][1:]]
             shares.append(f"{sum(a == 'SyntaxError' for a in steps)}/{len(steps)}")
         print(f"  {label}: " + " ".join(shares))
 
