@@ -9,6 +9,7 @@ mod common;
 mod exec_adversarial;
 mod exec_reference;
 mod gguf_smollm2;
+mod golden;
 mod memory;
 mod model_io;
 mod model_parity;
