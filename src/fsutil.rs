@@ -1,28 +1,42 @@
-//! Crash-safe file writes, shared by every module that persists something a
-//! user relies on (exports, converted models, task files, later checkpoints):
-//! write a temp file beside the target, fsync, rename over it, fsync the
-//! directory. Readers see the old file or the whole new one, never a torn one.
+//! File helpers at the bottom of the crate: crash-safe writes, shared by
+//! every module that persists something a user relies on (exports,
+//! converted models, task files, checkpoints): write a temp file beside the
+//! target, fsync, rename over it, fsync the directory, so readers see the
+//! old file or the whole new one, never a torn one; and [`IoError`], the one
+//! shape of a failed file operation (`PATH: cannot ACTION: REASON`).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-/// A failed atomic write: which file, which step, why.
+/// A failed file operation: which file, what was being done, and the OS's
+/// reason. The reason is part of the message and deliberately not a
+/// `source()`, so a report that prints the chain does not say it twice.
 #[derive(Debug, thiserror::Error)]
-#[error("{path}: cannot {action}: {source}")]
-pub struct WriteError {
+#[error("{}: cannot {action}: {cause}", path.display())]
+pub struct IoError {
     pub path: PathBuf,
     pub action: &'static str,
-    #[source]
-    pub source: std::io::Error,
+    pub cause: std::io::Error,
+}
+
+/// A failed atomic write.
+pub type WriteError = IoError;
+
+/// `map_err(io_err(path, "read"))`: the OS error of `action` on `path`.
+pub fn io_err<'a>(
+    path: &'a Path,
+    action: &'static str,
+) -> impl FnOnce(std::io::Error) -> IoError + 'a {
+    move |cause| IoError {
+        path: path.to_path_buf(),
+        action,
+        cause,
+    }
 }
 
 fn err<'a>(path: &'a Path, action: &'static str) -> impl FnOnce(std::io::Error) -> WriteError + 'a {
-    move |source| WriteError {
-        path: path.to_path_buf(),
-        action,
-        source,
-    }
+    io_err(path, action)
 }
 
 /// Stream the contents of `path` through `body`, atomically. `body` gets the
@@ -76,10 +90,10 @@ pub fn publish_dir<E: From<WriteError>>(
     fill: impl FnOnce(&Path) -> Result<(), E>,
 ) -> Result<(), E> {
     if out.exists() && !overwrite {
-        return Err(WriteError {
+        return Err(IoError {
             path: out.to_path_buf(),
-            action: "write: it already exists (pass --overwrite to replace it)",
-            source: std::io::ErrorKind::AlreadyExists.into(),
+            action: "replace it without --overwrite",
+            cause: std::io::ErrorKind::AlreadyExists.into(),
         }
         .into());
     }

@@ -2,16 +2,39 @@
 //! with reinforcement learning from execution feedback (FALCON), carrying the
 //! MEMCoder and MemoCoder memory systems as rollout strategies and baselines.
 //!
-//! Data flows down the module list (see `../shared/DESIGN.md`): a module may
-//! import from the ones above it, never below.
+//! Data flows down the module list, which is the order of
+//! `../shared/DESIGN.md`: a module may import from the ones above it, never
+//! below (`tests/layers.rs` fails on any edge against this order). `config`,
+//! `fsutil` and `text` are the bottom layer and import nothing of the crate
+//! but each other's names where said.
 
+// The bottom layer: the run schema and its one validation; file and text helpers.
 pub mod config;
-pub mod eval;
-pub mod exec;
 pub mod fsutil;
-pub mod memory;
-pub mod model;
-pub mod reward;
-pub mod rollout;
+pub mod text;
+
+// The layout of a run directory.
+pub mod run_dir;
+
+// Task formats and loaders.
 pub mod task;
+
+// The policy model, its loading and export, and the generation engines.
+pub mod model;
+
+// The sandbox that runs model-written code.
+pub mod exec;
+
+// FALCON's rewards and the one pipeline from a completion to its reward.
+pub mod reward;
+
+// Long- and short-term memory, P_error, MEMCoder and MemoCoder memories.
+pub mod memory;
+
+// Prompts and rollout strategies.
+pub mod rollout;
+
+// Evaluation, then training (whose held-out hooks call evaluation).
+pub mod eval;
+
 pub mod train;

@@ -437,7 +437,7 @@ fn memories_persist_through_the_store() {
     use falcon_rl::memory::fixes::{
         FixEntry, FixKnowledge, Mentor, FIX_RECORD_KIND, MENTOR_RECORD_KEY, MENTOR_RECORD_KIND,
     };
-    use falcon_rl::memory::memcoder::{ApiDoc, MemCoderMemory, MemCoderParams};
+    use falcon_rl::memory::guidelines::{ApiDoc, MemCoderMemory, MemCoderParams};
     use falcon_rl::memory::stats::{ErrorStats, StatsMode};
     use falcon_rl::memory::MemoryStore;
 
@@ -516,7 +516,7 @@ fn memories_persist_through_the_store() {
 /// `scripts/extract-api-docs.py` writes docs that MEMCoder's loader reads.
 #[test]
 fn extracted_api_docs_load_into_memcoder() {
-    use falcon_rl::memory::memcoder::{load_api_docs, MemCoderMemory, MemCoderParams};
+    use falcon_rl::memory::guidelines::{load_api_docs, MemCoderMemory, MemCoderParams};
     let dir = tmpdir();
     let out = dir.path().join("json-api.jsonl");
     crate::common::run_python(

@@ -5,7 +5,7 @@
 use falcon_rl::model::decoder::LogitsFor;
 use falcon_rl::model::export::{export_hf, export_peft, load_peft};
 use falcon_rl::model::{Dtype, LoraConfig, Policy};
-use falcon_rl::train::rl::trainable;
+use falcon_rl::train::trainable;
 use tch::{Device, Kind, Tensor};
 
 use crate::common::*;

@@ -9,10 +9,10 @@ use falcon_rl::config::{EvalConfig, ExecConfig, GenerationConfig, StrategyConfig
 use falcon_rl::eval::{evaluate_in_groups, evaluate_strategy, EvalSpec, Partial};
 use falcon_rl::exec::{MemoCoderClass, Sandbox};
 use falcon_rl::memory::fixes::FixesConfig;
-use falcon_rl::memory::memcoder::{ApiDoc, MemCoderParams};
+use falcon_rl::memory::guidelines::{ApiDoc, MemCoderParams};
 use falcon_rl::memory::HashEmbedder;
 use falcon_rl::model::{Completion, FinishReason, GenerationParams, Generator, ModelError};
-use falcon_rl::rollout::memcoder::{DocMode, DocSizes, DocStrategy};
+use falcon_rl::rollout::docs::{DocMode, DocSizes, DocStrategy};
 use falcon_rl::rollout::repair::{Repair, RepairConfig};
 use falcon_rl::rollout::{Env, Strategy};
 use falcon_rl::task::Task;

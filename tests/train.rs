@@ -5,11 +5,11 @@
 
 use std::path::Path;
 
-use falcon_rl::config::RunConfig;
+use falcon_rl::config::{Job, RunConfig};
 use falcon_rl::exec::Sandbox;
 use falcon_rl::model::{hub, Dtype, Policy};
 use falcon_rl::task::{LoadOptions, TaskFormat, TaskSet};
-use falcon_rl::train::rl::{prepare_policy, trainable, Mode, Silent, StepRecord, Trainer};
+use falcon_rl::train::{prepare_policy, trainable, Silent, StepRecord, TrainState};
 use tch::{Device, Tensor};
 
 use crate::common::tmpdir;
@@ -97,7 +97,7 @@ pub fn setup(dir: &Path) {
 }
 
 fn run(dir: &Path, steps: u64, resume: bool, run_name: &str) -> Vec<StepRecord> {
-    run_with(dir, steps, resume, run_name, Mode::Rl, |_| {}).0
+    run_with(dir, steps, resume, run_name, Job::Train, |_| {}).0
 }
 
 /// A run of `mode` with `tweak` applied to the config, evaluating on all
@@ -108,7 +108,7 @@ fn run_with(
     steps: u64,
     resume: bool,
     run_name: &str,
-    mode: Mode,
+    mode: Job,
     tweak: impl FnOnce(&mut RunConfig),
 ) -> (Vec<StepRecord>, Vec<(String, Tensor)>) {
     let mut cfg = config(dir, steps, 62410);
@@ -123,12 +123,10 @@ fn run_with(
     )
     .unwrap();
     let sandbox = Sandbox::new(&cfg.exec).unwrap();
-    let run_dir = cfg.run.output_dir.join(run_name);
     let records = {
-        let mut t = Trainer::new(
+        let mut t = TrainState::new(
             cfg,
             mode,
-            &run_dir,
             &mut policy,
             &tasks,
             &sandbox,
@@ -137,7 +135,7 @@ fn run_with(
         )
         .unwrap()
         .with_eval_tasks(&tasks);
-        t.run(&mut Silent).unwrap()
+        falcon_rl::train::run(&mut t, &mut Silent).unwrap()
     };
     let weights = trainable(&policy)
         .into_iter()
@@ -176,10 +174,9 @@ fn smoke_train_changes_only_trainable_weights() {
     let sandbox = Sandbox::new(&cfg.exec).unwrap();
     let run_dir = cfg.run.output_dir.join("tiny");
     let records = {
-        let mut t = Trainer::new(
+        let mut t = TrainState::new(
             cfg.clone(),
-            Mode::Rl,
-            &run_dir,
+            Job::Train,
             &mut policy,
             &tasks,
             &sandbox,
@@ -187,7 +184,7 @@ fn smoke_train_changes_only_trainable_weights() {
             &mut Silent,
         )
         .unwrap();
-        t.run(&mut Silent).unwrap()
+        falcon_rl::train::run(&mut t, &mut Silent).unwrap()
     };
     assert_eq!(records.len(), 2);
     for r in &records {
@@ -276,7 +273,7 @@ fn resume_reproduces_an_uninterrupted_run_exactly() {
 /// A 4-step run with a checkpoint every 2 steps that evaluates on all tasks
 /// every `eval_every` steps (0 = never).
 fn run_evaluating(dir: &Path, name: &str, eval_every: u64, resume: bool) -> Vec<StepRecord> {
-    run_with(dir, 4, resume, name, Mode::Rl, |cfg| {
+    run_with(dir, 4, resume, name, Job::Train, |cfg| {
         cfg.exec.uid_base = 62430;
         cfg.train.checkpoint_every = 2;
         cfg.train.eval_every = eval_every;
@@ -436,10 +433,10 @@ fn micro_batches_accumulate_to_the_whole_batch() {
             c.train.advantage = falcon_rl::train::advantage::AdvantageKind::GroupMean;
         }
     };
-    let (whole, w_whole) = run_with(dir.path(), 2, false, "whole", Mode::Rl, tweak(0, true));
-    let (micro, w_micro) = run_with(dir.path(), 2, false, "micro", Mode::Rl, tweak(4, true));
-    let (ones, _) = run_with(dir.path(), 2, false, "ones", Mode::Rl, tweak(1, true));
-    let (plain, w_plain) = run_with(dir.path(), 2, false, "plain", Mode::Rl, tweak(0, false));
+    let (whole, w_whole) = run_with(dir.path(), 2, false, "whole", Job::Train, tweak(0, true));
+    let (micro, w_micro) = run_with(dir.path(), 2, false, "micro", Job::Train, tweak(4, true));
+    let (ones, _) = run_with(dir.path(), 2, false, "ones", Job::Train, tweak(1, true));
+    let (plain, w_plain) = run_with(dir.path(), 2, false, "plain", Job::Train, tweak(0, false));
     assert!(whole[1].loss["kl"] > 0.0);
     for (a, b) in whole
         .iter()
@@ -488,8 +485,8 @@ fn micro_batches_accumulate_to_the_whole_batch() {
 fn ppo_epochs_log_the_on_policy_step_and_take_more_updates() {
     let dir = tmpdir();
     setup(dir.path());
-    let (one, w_one) = run_with(dir.path(), 1, false, "one", Mode::Rl, |_| {});
-    let (two, w_two) = run_with(dir.path(), 1, false, "two", Mode::Rl, |c| {
+    let (one, w_one) = run_with(dir.path(), 1, false, "one", Job::Train, |_| {});
+    let (two, w_two) = run_with(dir.path(), 1, false, "two", Job::Train, |c| {
         c.train.ppo_epochs = 2
     });
     // The first epoch is on-policy (ratio 1): clipping cannot change it.
@@ -503,13 +500,13 @@ fn ppo_epochs_log_the_on_policy_step_and_take_more_updates() {
 fn kl_to_the_base_model_starts_at_zero_and_grows() {
     let dir = tmpdir();
     setup(dir.path());
-    let (rec, _) = run_with(dir.path(), 3, false, "kl", Mode::Rl, |c| {
+    let (rec, _) = run_with(dir.path(), 3, false, "kl", Job::Train, |c| {
         c.train.loss.kl = 0.1
     });
     // LoRA's B starts at zero, so the policy is the reference at step 0.
     assert!(rec[0].loss["kl"].abs() < 1e-6, "{:?}", rec[0].loss);
     assert!(rec[2].loss["kl"] > 1e-6, "{:?}", rec[2].loss);
-    let (plain, _) = run_with(dir.path(), 1, false, "plain", Mode::Rl, |_| {});
+    let (plain, _) = run_with(dir.path(), 1, false, "plain", Job::Train, |_| {});
     assert!(
         !plain[0].loss.contains_key("kl"),
         "no reference forward when kl = 0"
@@ -534,7 +531,7 @@ fn sft_fits_reference_solutions_and_warm_starts_rl() {
     all.with_any_tag(&["train".to_string()])
         .write_jsonl(&dir.path().join("train-tasks.jsonl"))
         .unwrap();
-    let (rec, w_sft) = run_with(dir.path(), 6, false, "sft", Mode::Sft, train_only);
+    let (rec, w_sft) = run_with(dir.path(), 6, false, "sft", Job::Sft, train_only);
     assert!(rec
         .iter()
         .all(|r| r.samples == 0 && r.loss["sl"].is_finite()));
@@ -548,7 +545,7 @@ fn sft_fits_reference_solutions_and_warm_starts_rl() {
     );
     // An RL run that starts from the SFT checkpoint has its weights before step 0.
     let ckpt = dir.path().join("runs/sft/step-6");
-    let (_, w_rl) = run_with(dir.path(), 1, false, "rl", Mode::Rl, |c| {
+    let (_, w_rl) = run_with(dir.path(), 1, false, "rl", Job::Train, |c| {
         c.train.init_from = Some(ckpt.clone());
         c.train.lr = 1e-12;
     });
@@ -564,11 +561,9 @@ fn sft_fits_reference_solutions_and_warm_starts_rl() {
     let mut policy = Policy::load(&dir.path().join("model"), Dtype::Fp32, Device::Cpu).unwrap();
     prepare_policy(&cfg, &mut policy).unwrap();
     let sandbox = Sandbox::new(&cfg.exec).unwrap();
-    let run_dir = cfg.run.output_dir.join("sft");
-    let err = Trainer::new(
+    let err = TrainState::new(
         cfg,
-        Mode::Rl,
-        &run_dir,
+        Job::Train,
         &mut policy,
         &all,
         &sandbox,
@@ -586,7 +581,7 @@ fn sft_examples_end_with_the_end_of_turn_token() {
     let dir = tmpdir();
     tiny_chat_model(&dir.path().join("model"));
     let policy = Policy::load(&dir.path().join("model"), Dtype::Fp32, Device::Cpu).unwrap();
-    let (p, a) = falcon_rl::train::rl::sft_example(&policy, "Say hi.", "hi").unwrap();
+    let (p, a) = falcon_rl::train::sft_example(&policy, "Say hi.", "hi").unwrap();
     let params = falcon_rl::model::GenerationParams {
         chat: true,
         ..Default::default()
@@ -696,7 +691,7 @@ fn meta_algorithms_train_and_fill_both_memories() {
             .collect()
     };
     for algo in ["maml", "fomaml", "reptile"] {
-        let (records, end) = run_with(dir.path(), 2, false, algo, Mode::Rl, meta_tweak(algo));
+        let (records, end) = run_with(dir.path(), 2, false, algo, Job::Train, meta_tweak(algo));
         assert_eq!(records.len(), 2, "{algo}");
         for r in &records {
             // 2 tasks × (3 samples with θ + 3 with θ_i).
@@ -726,7 +721,7 @@ fn meta_algorithms_train_and_fill_both_memories() {
     }
     // inner_steps = 0: no adaptation and no second generation, but the same
     // memories; θ's samples are the evaluated ones that long-term memory keeps.
-    let (records, _) = run_with(dir.path(), 2, false, "no-meta-loop", Mode::Rl, |c| {
+    let (records, _) = run_with(dir.path(), 2, false, "no-meta-loop", Job::Train, |c| {
         meta_tweak("fomaml")(c);
         c.meta.inner_steps = 0;
     });
@@ -772,7 +767,7 @@ fn zero_shot_meta_prompts_keep_long_term_memory() {
     let dir = tmpdir();
     setup(dir.path());
     let run = |name: &str, long_term: bool, prompt: MetaPrompt| {
-        run_with(dir.path(), 1, false, name, Mode::Rl, |c| {
+        run_with(dir.path(), 1, false, name, Job::Train, |c| {
             meta_tweak("fomaml")(c);
             c.meta.long_term = long_term;
             c.meta.prompt = prompt;
@@ -806,13 +801,20 @@ fn zero_shot_meta_prompts_keep_long_term_memory() {
 fn meta_resume_after_a_lost_checkpoint_reproduces_the_run_with_its_memories() {
     let dir = tmpdir();
     setup(dir.path());
-    let (full, _) = run_with(dir.path(), 4, false, "full", Mode::Rl, meta_tweak("fomaml"));
+    let (full, _) = run_with(
+        dir.path(),
+        4,
+        false,
+        "full",
+        Job::Train,
+        meta_tweak("fomaml"),
+    );
     let (split_a, _) = run_with(
         dir.path(),
         4,
         false,
         "split",
-        Mode::Rl,
+        Job::Train,
         meta_tweak("fomaml"),
     );
     assert_eq!(full, {
@@ -827,7 +829,14 @@ fn meta_resume_after_a_lost_checkpoint_reproduces_the_run_with_its_memories() {
     let run_dir = dir.path().join("runs/split");
     std::fs::remove_dir_all(run_dir.join("step-4")).unwrap();
     assert_eq!(long_term_rows(&run_dir), 3 + 4 * 6);
-    let (rest, _) = run_with(dir.path(), 4, true, "split", Mode::Rl, meta_tweak("fomaml"));
+    let (rest, _) = run_with(
+        dir.path(),
+        4,
+        true,
+        "split",
+        Job::Train,
+        meta_tweak("fomaml"),
+    );
     assert_eq!(rest.len(), 2, "resumed at step 2");
     for (a, b) in full[2..].iter().zip(&rest) {
         assert_eq!(a.step, b.step);
@@ -844,7 +853,7 @@ fn a_time_budget_stops_with_a_checkpoint() {
     let dir = tmpdir();
     setup(dir.path());
     // A budget that is spent after the first step.
-    let (records, _) = run_with(dir.path(), 5, false, "budget", Mode::Rl, |c| {
+    let (records, _) = run_with(dir.path(), 5, false, "budget", Job::Train, |c| {
         c.train.max_minutes = 1e-9;
     });
     assert_eq!(records.len(), 1);
@@ -859,13 +868,13 @@ fn a_time_budget_stops_with_a_checkpoint() {
     assert!(state["train_seconds"].as_f64().unwrap() > 0.0, "{state}");
     // The budget is the run's, not the session's: resuming a spent run
     // trains nothing more.
-    let (again, _) = run_with(dir.path(), 5, true, "budget", Mode::Rl, |c| {
+    let (again, _) = run_with(dir.path(), 5, true, "budget", Job::Train, |c| {
         c.train.max_minutes = 1e-9;
     });
     assert!(again.is_empty(), "{} steps after the budget", again.len());
     assert!(!dir.path().join("runs/budget/step-2").exists());
     // Lifting the budget trains the rest.
-    let (rest, _) = run_with(dir.path(), 5, true, "budget", Mode::Rl, |c| {
+    let (rest, _) = run_with(dir.path(), 5, true, "budget", Job::Train, |c| {
         c.train.max_minutes = 0.0;
     });
     assert_eq!(rest.len(), 4, "steps 2..=5");
@@ -881,9 +890,9 @@ fn two_steps_equal_one_plus_resume(
     tweak: impl FnOnce(&mut RunConfig) + Copy,
 ) -> Vec<StepRecord> {
     let (full_name, split_name) = (format!("{name}-full"), format!("{name}-split"));
-    let (full, _) = run_with(dir, 2, false, &full_name, Mode::Rl, tweak);
-    let (first, _) = run_with(dir, 1, false, &split_name, Mode::Rl, tweak);
-    let (rest, _) = run_with(dir, 2, true, &split_name, Mode::Rl, tweak);
+    let (full, _) = run_with(dir, 2, false, &full_name, Job::Train, tweak);
+    let (first, _) = run_with(dir, 1, false, &split_name, Job::Train, tweak);
+    let (rest, _) = run_with(dir, 2, true, &split_name, Job::Train, tweak);
     assert_eq!((first.len(), rest.len()), (1, 1));
     for (a, b) in full.iter().zip(first.iter().chain(&rest)) {
         assert_eq!(a.loss, b.loss, "{name} step {}", a.step);
@@ -1048,20 +1057,13 @@ fn bf16_autocast_trains_within_bf16_precision_of_fp32() {
             c.model.lora.dropout = 0.0;
         }
     };
-    let (fp32, _) = run_with(
-        dir.path(),
-        2,
-        false,
-        "fp32",
-        Mode::Sft,
-        tweak(Autocast::Off),
-    );
+    let (fp32, _) = run_with(dir.path(), 2, false, "fp32", Job::Sft, tweak(Autocast::Off));
     let (bf16, w16) = run_with(
         dir.path(),
         2,
         false,
         "bf16",
-        Mode::Sft,
+        Job::Sft,
         tweak(Autocast::Bf16),
     );
     let (a, b) = (fp32[0].loss["total"], bf16[0].loss["total"]);
@@ -1076,7 +1078,7 @@ fn bf16_autocast_trains_within_bf16_precision_of_fp32() {
         2,
         false,
         "rl-bf16",
-        Mode::Rl,
+        Job::Train,
         tweak(Autocast::Bf16),
     );
     assert!(rl

@@ -11,8 +11,10 @@
 //! a time and keeps each finished group, so a killed evaluation resumes;
 //! [`rescore`] scores a result's saved answers again.
 //! `train` calls [`evaluate`] (zero-shot) for its
-//! before/after held-out figures; plots and pages are in [`report`].
+//! before/after held-out figures; [`job::run`] is a whole `falcon eval`
+//! from a config; plots and pages are in [`report`].
 
+pub mod job;
 pub mod report;
 
 use std::collections::BTreeMap;
@@ -24,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{EvalConfig, GenerationConfig};
 use crate::exec::{ExecReport, RewardClass, Sandbox};
 use crate::model::{Generator, ModelError};
-use crate::reward::code_in_completion;
+use crate::reward::execute;
 use crate::rollout::solve::Prompted;
 use crate::rollout::{generation_params, reflection_params, Env, RolloutError, Strategy};
 use crate::task::Task;
@@ -255,6 +257,12 @@ pub enum EvalError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Rollout(#[from] RolloutError),
+    #[error(transparent)]
+    Task(#[from] crate::task::TaskError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Exec(#[from] crate::exec::ExecError),
     #[error("{0}")]
     Invalid(String),
 }
@@ -269,6 +277,26 @@ pub struct EvalSpec<'a> {
     /// One prompt per task (e.g. FALCON's Table 7 with retrieved memory);
     /// `None` is the zero-shot prompt from `instruction`.
     pub prompts: Option<&'a [String]>,
+}
+
+/// `[eval]`'s tasks: its file (else `[tasks] path`) filtered by its tags
+/// and cut to `max_tasks`.
+pub fn eval_tasks(cfg: &crate::config::RunConfig) -> Result<crate::task::TaskSet, EvalError> {
+    let Some(path) = cfg.eval.path.as_ref().or(cfg.tasks.path.as_ref()) else {
+        return Err(EvalError::Invalid(
+            "neither [eval] path nor [tasks] path is set: name the held-out task file".into(),
+        ));
+    };
+    Ok(crate::task::TaskSet::load_selected(
+        path,
+        &crate::task::Selection {
+            format: cfg.eval.format,
+            skip_invalid: cfg.tasks.skip_invalid,
+            tags: &cfg.eval.tags,
+            max_tasks: cfg.eval.max_tasks,
+            what: "[eval]",
+        },
+    )?)
 }
 
 /// The sampler seed of every evaluation a run config makes (training's
@@ -366,14 +394,9 @@ pub fn evaluate_strategy(
         .collect();
     let jobs: Vec<(&Task, &str)> = pending
         .iter()
-        .map(|&(i, j)| {
-            (
-                tasks[i],
-                code_in_completion(&solutions[i][j].completion.text).1,
-            )
-        })
+        .map(|&(i, j)| (tasks[i], solutions[i][j].completion.text.as_str()))
         .collect();
-    let mut fresh = env.sandbox.run_batch(&jobs).into_iter();
+    let mut fresh = execute(env.sandbox, &jobs).into_iter();
     let mut results = Vec::with_capacity(tasks.len());
     for (task, sols) in tasks.iter().zip(solutions) {
         let mut tr = TaskResult {
@@ -544,13 +567,9 @@ pub fn rescore(
         .tasks
         .iter()
         .zip(&found)
-        .flat_map(|(t, &task)| {
-            t.samples
-                .iter()
-                .map(move |s| (task, code_in_completion(&s.completion).1))
-        })
+        .flat_map(|(t, &task)| t.samples.iter().map(move |s| (task, s.completion.as_str())))
         .collect();
-    let mut reports = sandbox.run_batch(&jobs).into_iter();
+    let mut reports = execute(sandbox, &jobs).into_iter();
     let mut changed = BTreeMap::new();
     let mut result = old.clone();
     for t in &mut result.tasks {

@@ -21,20 +21,16 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde::Deserialize;
 
 use super::EvalResult;
-use crate::fsutil::{write_atomic, WriteError};
+use crate::fsutil::{io_err, write_atomic, IoError};
 
 /// Problems making a report. Each names the file it is about.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     #[error("{0}: no such directory")]
     NoDir(PathBuf),
-    #[error("{path}: cannot {action}: {source}")]
-    Io {
-        path: PathBuf,
-        action: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
+    /// A file operation failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// A line of `metrics.jsonl` (1-based) that is not a step record.
     #[error("{path}:{line}: {detail}")]
     BadLine {
@@ -49,19 +45,6 @@ pub enum ReportError {
     Nothing { dir: PathBuf, notes: String },
     #[error("{path}: cannot draw: {detail}")]
     Draw { path: PathBuf, detail: String },
-    #[error(transparent)]
-    Write(#[from] WriteError),
-}
-
-fn io_err<'a>(
-    path: &'a Path,
-    action: &'static str,
-) -> impl FnOnce(std::io::Error) -> ReportError + 'a {
-    move |source| ReportError::Io {
-        path: path.to_path_buf(),
-        action,
-        source,
-    }
 }
 
 // ---------------------------------------------------------------------------

@@ -39,7 +39,7 @@ pub use self::outcome::{
     ErrorKind, ExecReport, MemoCoderClass, RewardClass, TestResult, TestStatus,
 };
 pub use self::pool::WORKER_PY;
-pub use self::protocol::Mode;
+pub use self::protocol::CheckMode;
 use crate::config::{ExecConfig, Isolation};
 use crate::task::Task;
 

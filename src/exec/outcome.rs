@@ -52,6 +52,18 @@ pub enum MemoCoderClass {
     Timeout,
 }
 
+impl MemoCoderClass {
+    /// The name configs and messages use (`compile_error`).
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoCoderClass::CompileError => "compile_error",
+            MemoCoderClass::Exception => "exception",
+            MemoCoderClass::AssertionFailure => "assertion_failure",
+            MemoCoderClass::Timeout => "timeout",
+        }
+    }
+}
+
 impl ErrorKind {
     pub const ALL: [ErrorKind; 15] = [
         ErrorKind::SyntaxError,
@@ -70,6 +82,28 @@ impl ErrorKind {
         ErrorKind::MemoryError,
         ErrorKind::Other,
     ];
+
+    /// The name results, metrics and messages use: the Python exception's
+    /// (`SyntaxError`), or `WrongAnswer`, `Timeout`, `Other`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::SyntaxError => "SyntaxError",
+            ErrorKind::IndentationError => "IndentationError",
+            ErrorKind::IndexError => "IndexError",
+            ErrorKind::TypeError => "TypeError",
+            ErrorKind::ValueError => "ValueError",
+            ErrorKind::EOFError => "EOFError",
+            ErrorKind::Timeout => "Timeout",
+            ErrorKind::NameError => "NameError",
+            ErrorKind::KeyError => "KeyError",
+            ErrorKind::ImportError => "ImportError",
+            ErrorKind::ZeroDivisionError => "ZeroDivisionError",
+            ErrorKind::RecursionError => "RecursionError",
+            ErrorKind::WrongAnswer => "WrongAnswer",
+            ErrorKind::MemoryError => "MemoryError",
+            ErrorKind::Other => "Other",
+        }
+    }
 
     /// Map a Python exception class name to a kind. Subclasses Python itself
     /// defines map to their base's kind (TabError is an IndentationError,
@@ -208,7 +242,7 @@ impl ExecReport {
         match (self.outcome, self.error_kind) {
             (None, _) => "no_signal".to_owned(),
             (Some(_), None) => "pass".to_owned(),
-            (Some(_), Some(k)) => format!("{k:?}"),
+            (Some(_), Some(k)) => k.name().to_owned(),
         }
     }
 
@@ -241,6 +275,21 @@ impl ExecReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kind_and_class_names_are_their_serialized_names() {
+        for k in ErrorKind::ALL {
+            assert_eq!(serde_json::to_value(k).unwrap(), k.name());
+        }
+        for c in [
+            MemoCoderClass::CompileError,
+            MemoCoderClass::Exception,
+            MemoCoderClass::AssertionFailure,
+            MemoCoderClass::Timeout,
+        ] {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.name());
+        }
+    }
 
     fn t(index: usize, status: TestStatus, lines: &[u32]) -> TestResult {
         TestResult {

@@ -16,7 +16,7 @@ use crate::task::{Task, TaskKind};
 /// How the worker checks a test (see docs/sandbox.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Mode {
+pub enum CheckMode {
     /// The trusted side runs the test; candidate code is reached only through
     /// proxies that return plain data. Results cannot be forged.
     Trusted,
@@ -25,12 +25,12 @@ pub enum Mode {
     Program,
 }
 
-impl Mode {
+impl CheckMode {
     /// The mode a task's tests run in.
-    pub fn for_task(task: &Task) -> Mode {
+    pub fn for_task(task: &Task) -> CheckMode {
         match task.kind {
-            TaskKind::Python => Mode::Trusted,
-            TaskKind::NumbaCuda => Mode::Program,
+            TaskKind::Python => CheckMode::Trusted,
+            TaskKind::NumbaCuda => CheckMode::Program,
         }
     }
 }
@@ -43,7 +43,7 @@ pub struct Job<'a> {
     pub prelude: Option<&'a str>,
     pub setup: Option<&'a str>,
     pub tests: &'a [String],
-    pub mode: Mode,
+    pub mode: CheckMode,
     /// Seconds per test on `clock`.
     pub timeout: f64,
     /// `"cpu"` or `"wall"`: what `timeout` measures.
@@ -59,7 +59,7 @@ impl<'a> Job<'a> {
             prelude: task.prelude.as_deref().filter(|s| !s.trim().is_empty()),
             setup: task.test_setup.as_deref().filter(|s| !s.trim().is_empty()),
             tests: &task.tests,
-            mode: Mode::for_task(task),
+            mode: CheckMode::for_task(task),
             timeout: cfg.timeout_s,
             clock: cfg.clock,
             wall: cfg.wall_limit_s(),
@@ -340,7 +340,7 @@ mod tests {
             ..ExecConfig::default()
         };
         let j = Job::new(&task, "def f(): return 1", &cfg);
-        assert_eq!((j.setup, j.mode), (None, Mode::Trusted));
+        assert_eq!((j.setup, j.mode), (None, CheckMode::Trusted));
         assert_eq!(j.prelude, Some("from typing import List"));
         // The CPU clock's wall-clock backstop defaults to 3 x the limit + 10 s.
         assert_eq!((j.timeout, j.clock, j.wall), (2.0, ExecClock::Cpu, 16.0));
@@ -356,7 +356,7 @@ mod tests {
         let j = Job::new(&task, "", &cfg);
         assert_eq!(
             (j.setup, j.mode),
-            (Some("import numpy as np"), Mode::Program)
+            (Some("import numpy as np"), CheckMode::Program)
         );
         let text = serde_json::to_string(&j).unwrap();
         assert!(text.contains("\"mode\":\"program\""), "{text}");

@@ -33,51 +33,7 @@ pub const MENTOR_RECORD_KEY: &str = "state";
 /// is a sentence, and a runaway line means the model ignored the format.
 pub const MAX_SUGGESTION_CHARS: usize = 400;
 
-/// Settings of the fixing knowledge and the mentor.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct FixesConfig {
-    /// How many fixes retrieval returns (paper: ten).
-    pub top_k: usize,
-    /// New fixes of a class that trigger a rewrite of its suggestions (paper: 20).
-    pub rewrite_threshold: usize,
-    /// Most suggestions a rewrite may return.
-    pub max_suggestions: usize,
-    /// Most new fixes shown in a rewrite prompt (the newest ones).
-    pub max_fixes_in_prompt: usize,
-    /// Each code or message in a rewrite prompt is cut to this many characters.
-    pub max_field_chars: usize,
-}
-
-impl Default for FixesConfig {
-    fn default() -> Self {
-        FixesConfig {
-            top_k: 10,
-            rewrite_threshold: 20,
-            max_suggestions: 5,
-            max_fixes_in_prompt: 20,
-            max_field_chars: 1500,
-        }
-    }
-}
-
-impl FixesConfig {
-    /// Reject settings that cannot work, saying what to change.
-    pub fn validate(&self) -> Result<(), FixesError> {
-        for (name, v) in [
-            ("top_k", self.top_k),
-            ("rewrite_threshold", self.rewrite_threshold),
-            ("max_suggestions", self.max_suggestions),
-            ("max_fixes_in_prompt", self.max_fixes_in_prompt),
-            ("max_field_chars", self.max_field_chars),
-        ] {
-            if v == 0 {
-                return Err(FixesError::Config(format!("{name} is 0; use at least 1")));
-            }
-        }
-        Ok(())
-    }
-}
+pub use crate::config::FixesConfig;
 
 /// What went wrong in this module.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -112,7 +68,7 @@ pub struct FixEntry {
 
 /// A retrieved fix with its match length in words.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Retrieved<'a> {
+pub struct RetrievedFix<'a> {
     pub id: u64,
     pub score: usize,
     pub entry: &'a FixEntry,
@@ -196,18 +152,18 @@ impl FixKnowledge {
     /// of words with `message`, longest first; ties go to the newer fix
     /// (higher id), whose fix came from a policy closer to the current one.
     /// Fixes sharing no word are not returned.
-    pub fn retrieve(&self, message: &str, k: usize) -> Vec<Retrieved<'_>> {
+    pub fn retrieve(&self, message: &str, k: usize) -> Vec<RetrievedFix<'_>> {
         // A query word never seen in any fix cannot match; u32::MAX stands for it.
         let query: Vec<u32> = words(message)
             .map(|w| self.vocab.get(w).copied().unwrap_or(u32::MAX))
             .collect();
         let mut row = Vec::new();
-        let mut hits: Vec<Retrieved<'_>> = self
+        let mut hits: Vec<RetrievedFix<'_>> = self
             .entries
             .iter()
             .filter_map(|(id, entry, tokens)| {
                 let score = longest_common_run(&query, tokens, &mut row);
-                (score > 0).then_some(Retrieved {
+                (score > 0).then_some(RetrievedFix {
                     id: *id,
                     score,
                     entry,
@@ -467,21 +423,13 @@ fn numbered(items: &[String]) -> String {
     out
 }
 
-/// Cut `s` to `max` characters, saying so.
-fn clip(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        None => s.to_owned(),
-        Some((at, _)) => format!("{}\n... [cut]", &s[..at]),
-    }
-}
-
 fn rewrite_prompt(
     class: MemoCoderClass,
     state: &ClassSuggestions,
     shown: &[&FixEntry],
     config: &FixesConfig,
 ) -> String {
-    let clip = |s: &str| clip(s.trim_end(), config.max_field_chars);
+    let clip = |s: &str| crate::text::clip(s.trim_end(), config.max_field_chars, "\n... [cut]");
     let mut p = String::new();
     let _ = write!(
         p,

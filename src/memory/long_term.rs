@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::embed::Embedder;
+use super::guidelines::feedback_text;
 use super::index::VectorIndex;
-use super::memcoder::feedback_text;
 use super::store::{LongTermRecord, MemoryStore, NewLongTerm};
 use super::MemoryError;
 use crate::exec::{ExecReport, TestStatus};

@@ -10,16 +10,17 @@
 //!   FALCON's Table 7 prompt.
 //! - [`short_term`]: ring buffer of recent samples as device tensors.
 //! - [`stats`]: `P_error` over the run for `R_negative` (Eq. 11).
-//! - [`memcoder`]: MEMCoder §IV; [`fixes`]: MemoCoder's fixing knowledge and
-//!   mentor.
+//! - [`guidelines`]: MEMCoder §IV, the evolving task and API guidelines;
+//!   [`fixes`]: MemoCoder's fixing knowledge and mentor.
+//! - [`open_long_term`]: the one opener of a run's long-term memory.
 //!
 //! See docs/memory.md.
 
 pub mod embed;
 pub mod fixes;
+pub mod guidelines;
 pub mod index;
 pub mod long_term;
-pub mod memcoder;
 pub mod short_term;
 pub mod stats;
 pub mod store;
@@ -55,7 +56,7 @@ pub enum MemoryError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
-    Memcoder(#[from] memcoder::MemcoderError),
+    Memcoder(#[from] guidelines::MemcoderError),
     #[error(transparent)]
     Stats(#[from] stats::StatsError),
     #[error(transparent)]
@@ -93,6 +94,94 @@ pub fn embedder_from_config(
             "[memory] embedder = \"policy\" embeds with the policy of a run; outside a run use \"minilm\" or \"hash\"".into(),
         )),
     }
+}
+
+/// A run's long-term memory (store and index) with the embedder its
+/// vectors were made by: retrieval and insertion need no other argument.
+pub struct LongTermMemory {
+    pub entries: LongTerm,
+    pub embedder: Box<dyn Embedder>,
+}
+
+impl LongTermMemory {
+    /// The `k` most similar past entries for each text, best first.
+    pub fn retrieve(
+        &mut self,
+        texts: &[&str],
+        k: usize,
+    ) -> Result<Vec<Vec<Retrieved>>, MemoryError> {
+        self.entries.retrieve(self.embedder.as_ref(), texts, k)
+    }
+
+    /// Embed, store and index a batch of finished samples.
+    pub fn insert(&mut self, batch: &[long_term::Experience]) -> Result<Vec<i64>, MemoryError> {
+        self.entries.insert(self.embedder.as_ref(), batch)
+    }
+
+    /// Entries in the store (of every embedder).
+    pub fn len(&self) -> Result<u64, MemoryError> {
+        Ok(self.entries.store().count_long_term()?)
+    }
+
+    pub fn is_empty(&self) -> Result<bool, MemoryError> {
+        Ok(self.len()? == 0)
+    }
+}
+
+/// How a command opens a run's long-term memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Read what a run wrote: the database must be there, and its entries
+    /// must have been embedded by `[memory] embedder` (else retrieval would
+    /// silently find nothing).
+    Read,
+    /// The training run's own memory: created when missing; entries of
+    /// steps after `step` are forgotten (a resumed run repeats those steps).
+    Train { step: u64 },
+}
+
+/// The one opener of long-term memory: `run_dir`'s store searched with the
+/// embedder and index `cfg` names.
+pub fn open_long_term(
+    cfg: &crate::config::MemoryConfig,
+    run_dir: &std::path::Path,
+    device: tch::Device,
+    access: Access,
+) -> Result<LongTermMemory, MemoryError> {
+    let db = run_dir.join(store::DB_FILE);
+    let store = match access {
+        Access::Read if !db.is_file() => {
+            return Err(MemoryError::Invalid(format!(
+                "{}: no memory database here (a `falcon train` run with [meta] long_term = true writes it)",
+                db.display()
+            )))
+        }
+        Access::Read => MemoryStore::open(run_dir)?,
+        Access::Train { step } => {
+            let mut s = MemoryStore::open(run_dir)?;
+            s.truncate_long_term_after(step)?;
+            s
+        }
+    };
+    let embedder = embedder_from_config(cfg, device)?;
+    if access == Access::Read && store.count_long_term()? > 0 {
+        let spaces = store.embedders()?;
+        if !spaces.contains_key(&embedder.name()) {
+            let here: Vec<String> = spaces
+                .iter()
+                .map(|(k, n)| format!("{k} ({n} entries)"))
+                .collect();
+            return Err(MemoryError::Invalid(format!(
+                "{}: no long-term entries embedded by `{}`; the entries here were embedded by {}: set [memory] embedder to match the run",
+                db.display(),
+                embedder.name(),
+                here.join(", ")
+            )));
+        }
+    }
+    let index = index_from_config(cfg, embedder.dim(), device)?;
+    let entries = LongTerm::with_store(store, embedder.as_ref(), index)?;
+    Ok(LongTermMemory { entries, embedder })
 }
 
 /// The vector index `[memory] index` names, for vectors of `dim`.

@@ -22,35 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::exec::{ErrorKind, ExecReport};
 
-/// How much history `P_error` covers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "mode", rename_all = "snake_case", deny_unknown_fields)]
-pub enum StatsMode {
-    /// Every sample of the run.
-    #[default]
-    All,
-    /// The last `samples` samples.
-    Window { samples: usize },
-    /// Exponential moving counts: before each sample adds its counts, every
-    /// count is multiplied by `lambda` (0 < lambda ≤ 1; 1 is `All`).
-    Decay { lambda: f64 },
-}
-
-impl StatsMode {
-    /// Reject settings that cannot work, saying what to change.
-    pub fn validate(&self) -> Result<(), StatsError> {
-        match *self {
-            StatsMode::All => Ok(()),
-            StatsMode::Window { samples: 0 } => Err(StatsError(
-                "window.samples is 0; use at least 1 (or mode = \"all\")".into(),
-            )),
-            StatsMode::Decay { lambda } if !(lambda > 0.0 && lambda <= 1.0) => Err(StatsError(
-                format!("decay.lambda is {lambda}; it must be in (0, 1]"),
-            )),
-            _ => Ok(()),
-        }
-    }
-}
+pub use crate::config::StatsMode;
 
 /// A bad [`StatsMode`] or a stored state that does not fit its mode.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -88,7 +60,7 @@ impl ErrorStats {
 
     /// Empty statistics; fails on an invalid mode.
     pub fn new(mode: StatsMode) -> Result<Self, StatsError> {
-        mode.validate()?;
+        mode.validate().map_err(StatsError)?;
         Ok(ErrorStats {
             mode,
             samples: 0,

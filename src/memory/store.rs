@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::exec::ExecReport;
 
 /// The database's file name inside a run directory.
-pub const DB_FILE: &str = "memory.sqlite";
+pub use crate::run_dir::MEMORY_DB as DB_FILE;
 /// The schema this build writes; a database with any other version is refused.
 pub const SCHEMA_VERSION: i64 = 1;
 /// The name long-term rows go by in [`MemoryStore::counts`] and in exports;

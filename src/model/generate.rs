@@ -32,6 +32,17 @@ pub enum FinishReason {
     Length,
 }
 
+impl FinishReason {
+    /// `eos`, `stop` or `length`, as OpenAI-compatible servers name them.
+    pub fn name(&self) -> &'static str {
+        match self {
+            FinishReason::Eos => "eos",
+            FinishReason::Stop(_) => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
 /// One generated continuation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Completion {
@@ -103,6 +114,16 @@ pub trait Generator {
 pub enum Family {
     Qwen2,
     Llama,
+}
+
+impl Family {
+    /// The HF `model_type`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Qwen2 => "qwen2",
+            Family::Llama => "llama",
+        }
+    }
 }
 
 /// Write an HF model directory with random weights: `config` as

@@ -11,6 +11,7 @@
 //! Nothing here panics on malformed input: every offset and length read from the file is
 //! checked before it is used, and errors name the file.
 
+use crate::fsutil::{io_err, IoError};
 use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -31,17 +32,9 @@ const MAX_ARRAY_NESTING: u32 = 8;
 /// of the file (or output file) it concerns.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    /// Writing an output file failed.
+    /// A file operation failed.
     #[error(transparent)]
-    Write(#[from] crate::fsutil::WriteError),
-    /// Reading the GGUF or writing an output file failed at the OS level.
-    #[error("{}: {action}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        action: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
+    Io(#[from] IoError),
     /// The file does not start with the GGUF magic.
     #[error("{}: not a GGUF file (starts with {found:02x?}, expected \"GGUF\")", path.display())]
     BadMagic { path: PathBuf, found: Vec<u8> },
@@ -109,17 +102,6 @@ pub enum GgufError {
     /// (an architecture or tokenizer model).
     #[error("{}: unsupported: {what}", path.display())]
     Unsupported { path: PathBuf, what: String },
-}
-
-fn io_err<'a>(
-    path: &'a Path,
-    action: &'static str,
-) -> impl FnOnce(std::io::Error) -> GgufError + 'a {
-    move |source| GgufError::Io {
-        path: path.to_path_buf(),
-        action,
-        source,
-    }
 }
 
 /// One metadata value, with the GGUF value type it was stored as.

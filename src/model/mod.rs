@@ -2,8 +2,8 @@
 //! (through `tch`), HF checkpoint loading and export, LoRA, the tokenizer with
 //! its chat template, batched sampling with a caller-owned KV cache,
 //! shared-prefix scoring of completions (`Decoder::shared_prefix_logprobs`),
-//! mixed precision (`autocast`), and the [`Generator`] trait that rollouts
-//! and judges call.
+//! mixed precision (`autocast`), the [`Generator`] trait that rollouts
+//! and judges call, and [`open`], the one loader every command uses.
 //!
 //! Parameter names in the `VarStore` are the HF safetensors keys, so loading
 //! and exporting need no renaming table (STYLE.md §1).
@@ -17,6 +17,7 @@ pub mod gguf;
 pub mod hub;
 pub mod llama;
 pub mod lora;
+pub mod open;
 pub mod openai;
 pub mod qwen2;
 pub mod sampling;
@@ -28,6 +29,7 @@ mod error;
 pub use decoder::{Decoder, DecoderConfig, KvCache, LogitsFor};
 pub use error::ModelError;
 pub use generate::{Completion, FinishReason, GenerationParams, Generator, Policy};
+pub use open::{open, ModelSpec, Opened};
 pub use tokenizer::{ChatMessage, TextTokenizer};
 
 pub use crate::config::{Dtype, LoraConfig};

@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{Completion, FinishReason, GenerationParams, Generator, ModelError};
@@ -26,27 +26,7 @@ use super::{Completion, FinishReason, GenerationParams, Generator, ModelError};
 /// How much of a response body an error message quotes.
 const BODY_EXCERPT_CHARS: usize = 400;
 
-/// Where and how to reach the server.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OpenAiConfig {
-    /// Scheme, host and port, e.g. `http://127.0.0.1:8000`; a trailing `/v1`
-    /// is accepted too.
-    pub base_url: String,
-    /// The `model` field of each request (vLLM: the served model name).
-    pub model: String,
-    /// Name of the environment variable holding the API key; `None` sends no
-    /// `Authorization` header (a local server).
-    #[serde(default)]
-    pub api_key_env: Option<String>,
-    /// Limit on each whole request, connect to last byte.
-    #[serde(default = "default_timeout_secs")]
-    pub timeout_secs: u64,
-}
-
-fn default_timeout_secs() -> u64 {
-    120
-}
+pub use crate::config::OpenAiConfig;
 
 /// The client. The key lives here only; `Debug` does not print it.
 pub struct OpenAiGenerator {

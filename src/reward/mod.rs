@@ -9,11 +9,15 @@
 //! - [`lm_judge`]: S and C from a language model with FALCON's Table 8 and 9
 //!   templates, and the strict score parser.
 //! - [`spans`]: error lines → `(start_token, end_token, reward)` spans.
+//! - [`pipeline`]: the one path from a completion to its reward, used by
+//!   training, evaluation and `falcon exec`: [`execute`], then
+//!   [`Rewards::score`] and [`Rewards::spans`].
 //!
 //! See docs/rewards.md for the formulas, scales and modes.
 
 pub mod composite;
 pub mod lm_judge;
+pub mod pipeline;
 mod process;
 pub mod spans;
 pub mod static_judge;
@@ -23,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 pub use composite::{composite, RewardBreakdown, SampleSignals, TERM_NAMES};
 pub use lm_judge::{parse_score, prompt, LmJudge};
+pub use pipeline::{execute, Rewards};
 pub use spans::{
     coarse_span, code_in_completion, error_line_spans, offsets_by_incremental_decode, TokenSpan,
 };
@@ -69,6 +74,9 @@ pub enum RewardError {
     /// `[reward] judge = "lm"` but the caller passed no generator to judge with.
     #[error("[reward] judge = \"lm\" needs a judge model, but none was given; set judge = \"static\" or pass a Generator")]
     NoJudgeModel,
+    /// A completion's tokens could not be decoded to map error lines to them.
+    #[error("decoding a completion's tokens: {0}")]
+    Decode(ModelError),
     /// Error lines or token offsets that do not fit the code.
     #[error(transparent)]
     Span(#[from] spans::SpanError),

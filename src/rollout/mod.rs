@@ -3,14 +3,16 @@
 //! parameters a run config implies, and the [`Strategy`] implementations:
 //! single-shot ([`solve::Prompted`]: zero-shot, FALCON), repairing
 //! ([`repair::Repair`]: self-repair, MemoCoder) and documentation-driven
-//! ([`memcoder::DocStrategy`]: naive doc-RAG, MEMCoder and its ablations,
+//! ([`docs::DocStrategy`]: naive doc-RAG, MEMCoder and its ablations,
 //! MEMCoder-Accum). `eval` runs them; every strategy talks to the model only
 //! through the `Generator` trait, so the in-process policy and an
 //! OpenAI-compatible server serve alike.
 
-pub mod memcoder;
+pub mod docs;
 pub mod repair;
 pub mod solve;
+
+use std::path::Path;
 
 pub use solve::{Env, ReflectionRecord, RolloutError, Solution, Strategy};
 
@@ -18,35 +20,77 @@ use crate::config::{RunConfig, StrategyKind};
 
 use crate::config::GenerationConfig;
 use crate::memory::long_term::{table7_prompt, Retrieved};
+use crate::memory::{open_long_term, Access, LongTermMemory, MemoryError};
 use crate::model::sampling::Sampler;
 use crate::model::GenerationParams;
 use crate::task::Task;
+
+/// What a strategy is built for: a training rollout (its final answers
+/// are learned from), or `falcon eval`.
+#[derive(Clone, Copy)]
+pub enum Use<'a> {
+    Train,
+    /// FALCON's strategy prompts from the long-term memory of `memory_run`
+    /// (`[strategy] memory_run`, or `falcon eval --memory`) for `tasks`.
+    Eval {
+        memory_run: Option<&'a Path>,
+        tasks: &'a [&'a Task],
+    },
+}
+
+/// The one strategy factory: the strategy `kind` as `cfg` sets it up
+/// (`[strategy]`'s settings, `[memory]`'s fixes, docs, embedder and top-k).
+pub fn strategy(
+    kind: StrategyKind,
+    cfg: &RunConfig,
+    purpose: Use,
+) -> Result<Box<dyn Strategy>, RolloutError> {
+    let s = &cfg.strategy;
+    Ok(match kind {
+        StrategyKind::ZeroShot => Box::new(solve::Prompted::zero_shot()),
+        StrategyKind::Falcon => {
+            let Use::Eval { memory_run, tasks } = purpose else {
+                return Err(RolloutError::Invalid(
+                    "[train] strategy = \"falcon\": FALCON's prompt comes from [meta]'s long-term memory; use zero-shot with [meta] algorithm set".into(),
+                ));
+            };
+            let Some(run) = memory_run else {
+                return Err(RolloutError::Invalid(
+                    "strategy falcon needs [strategy] memory_run or --memory RUN_DIR".into(),
+                ));
+            };
+            let device = crate::model::device::device_of(cfg);
+            let mut memory = open_long_term(&cfg.memory, run, device, Access::Read)?;
+            let (prompts, _) = falcon_prompts(&mut memory, tasks, cfg.memory.top_k)?;
+            Box::new(solve::Prompted::given("falcon", tasks, prompts)?)
+        }
+        StrategyKind::SelfRepair => {
+            Box::new(repair::Repair::new(repair::RepairConfig::self_repair(s)))
+        }
+        StrategyKind::Memocoder => Box::new(repair::Repair::new(repair::RepairConfig::memocoder(
+            s,
+            &cfg.memory.fixes,
+        ))),
+        k @ (StrategyKind::DocRag | StrategyKind::Memcoder | StrategyKind::MemcoderAccum) => {
+            let d = docs::DocStrategy::from_config(k, cfg)?;
+            match purpose {
+                // A long run does not need the per-task log.
+                Use::Train => Box::new(d.without_log()),
+                Use::Eval { .. } => Box::new(d),
+            }
+        }
+    })
+}
 
 /// The strategy `[train] strategy` names, as the training rollout: `None`
 /// for zero-shot (the trainer's own batched prompt), else a strategy whose
 /// final answers the policy learns from. FALCON's Table 7 prompt belongs to
 /// `[meta]`'s long-term memory, not to this switch.
 pub fn training_strategy(cfg: &RunConfig) -> Result<Option<Box<dyn Strategy>>, RolloutError> {
-    let s = &cfg.strategy;
-    Ok(match cfg.train.strategy {
-        StrategyKind::ZeroShot => None,
-        StrategyKind::SelfRepair => Some(Box::new(repair::Repair::new(
-            repair::RepairConfig::self_repair(s),
-        ))),
-        StrategyKind::Memocoder => Some(Box::new(repair::Repair::new(
-            repair::RepairConfig::memocoder(s, &cfg.memory.fixes),
-        ))),
-        k @ (StrategyKind::DocRag | StrategyKind::Memcoder | StrategyKind::MemcoderAccum) => {
-            Some(Box::new(
-                memcoder::DocStrategy::from_config(k, cfg)?.without_log(),
-            ))
-        }
-        StrategyKind::Falcon => {
-            return Err(RolloutError::Invalid(
-                "[train] strategy = \"falcon\": FALCON's prompt comes from [meta]'s long-term memory; use zero-shot with [meta] algorithm set".into(),
-            ))
-        }
-    })
+    match cfg.train.strategy {
+        StrategyKind::ZeroShot => Ok(None),
+        k => strategy(k, cfg, Use::Train).map(Some),
+    }
 }
 
 /// The user message for a task. MBPP-style statements do not name the
@@ -83,6 +127,25 @@ pub fn falcon_prompt(task: &Task, hits: &[Retrieved]) -> String {
         p.push('\n');
     }
     p
+}
+
+/// FALCON's Table 7 prompts for `tasks`, each from the `k` entries of
+/// long-term memory most similar to the task; also what was retrieved, from
+/// which the meta-loop draws its demonstrations. `falcon train`'s meta-loop
+/// and `falcon eval`'s FALCON strategy both prompt through here.
+pub fn falcon_prompts(
+    memory: &mut LongTermMemory,
+    tasks: &[&Task],
+    k: usize,
+) -> Result<(Vec<String>, Vec<Vec<Retrieved>>), MemoryError> {
+    let texts: Vec<&str> = tasks.iter().map(|t| t.prompt.as_str()).collect();
+    let hits = memory.retrieve(&texts, k)?;
+    let prompts = tasks
+        .iter()
+        .zip(&hits)
+        .map(|(t, h)| falcon_prompt(t, h))
+        .collect();
+    Ok((prompts, hits))
 }
 
 /// The parameters of reflections (MEMCoder's guidelines, MemoCoder's

@@ -520,10 +520,11 @@ pub fn parse_plans(answer: &str, max: usize) -> (String, bool) {
     (plans.concat().trim().to_owned(), true)
 }
 
+/// A fix's code cut for a repair prompt.
 fn clip(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
+    match s.chars().nth(max) {
         None => s.trim_end().to_owned(),
-        Some((at, _)) => format!("{}\n# ... [cut]", &s[..at]),
+        Some(_) => crate::text::clip(s, max, "\n# ... [cut]"),
     }
 }
 

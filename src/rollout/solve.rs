@@ -10,7 +10,7 @@
 use std::cell::Cell;
 
 use crate::exec::{ExecReport, Sandbox, TestStatus};
-use crate::memory::memcoder::MemcoderError;
+use crate::memory::guidelines::MemcoderError;
 use crate::memory::MemoryError;
 use crate::model::{Completion, GenerationParams, Generator, ModelError};
 use crate::reward::code_in_completion;

@@ -48,9 +48,30 @@ pub enum TaskError {
         /// Why the format is unknown, and what to do.
         reason: String,
     },
+    /// A selection (`tags`, `max_tasks`) left no task.
+    #[error("{what}: no task of {} ({total} in all) carries any of the tags {tags:?}", path.display())]
+    NoneSelected {
+        /// The config section that asked (`[tasks]`, `[eval]`).
+        what: String,
+        path: PathBuf,
+        total: usize,
+        tags: Vec<String>,
+    },
     /// Writing a task file failed.
     #[error(transparent)]
     Write(#[from] crate::fsutil::WriteError),
+}
+
+/// Which tasks of a file a command uses: those carrying any of `tags` (all
+/// when empty), at most `max_tasks` of them in file order (0 = all).
+#[derive(Debug, Clone, Default)]
+pub struct Selection<'a> {
+    pub format: TaskFormat,
+    pub skip_invalid: bool,
+    pub tags: &'a [String],
+    pub max_tasks: usize,
+    /// Who asked (`[tasks]`, `[eval]`), for the error when nothing is left.
+    pub what: &'a str,
 }
 
 /// How a task's solution is run.
@@ -297,6 +318,30 @@ impl TaskSet {
                 .collect(),
             skipped: self.skipped.clone(),
         }
+    }
+
+    /// The tasks of `path` that `sel` selects; an error when none is left.
+    pub fn load_selected(path: &Path, sel: &Selection) -> Result<TaskSet, TaskError> {
+        let all = TaskSet::load(
+            path,
+            sel.format,
+            LoadOptions {
+                skip_invalid: sel.skip_invalid,
+            },
+        )?;
+        let mut set = all.with_any_tag(sel.tags);
+        if sel.max_tasks > 0 {
+            set.tasks.truncate(sel.max_tasks);
+        }
+        if set.is_empty() {
+            return Err(TaskError::NoneSelected {
+                what: sel.what.to_owned(),
+                path: path.to_path_buf(),
+                total: all.len(),
+                tags: sel.tags.to_vec(),
+            });
+        }
+        Ok(set)
     }
 
     /// Iterates over the tasks in file order.

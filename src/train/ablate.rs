@@ -15,27 +15,23 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::RunConfig;
+use crate::config::{Job, RunConfig};
 use crate::eval::report::{self, BarChart, ReportError};
-use crate::fsutil::{write_atomic, WriteError};
+use crate::fsutil::{io_err, write_atomic, IoError};
 
 /// Written into a variant's directory once it has trained and been
 /// evaluated; holds its [`SummaryRow`]. A variant with one is not rerun.
-pub const DONE_FILE: &str = "ablate-done.json";
+pub use crate::run_dir::ABLATE_DONE as DONE_FILE;
 /// The variant's resolved config, written before it trains; a later run of
 /// the grid that resolves the variant differently refuses to mix the two.
-pub const CONFIG_FILE: &str = "config.toml";
+pub use crate::run_dir::CONFIG as CONFIG_FILE;
 
 /// Problems with a grid, a variant or its run directory.
 #[derive(Debug, thiserror::Error)]
 pub enum AblateError {
-    #[error("{path}: cannot {action}: {source}")]
-    Io {
-        path: PathBuf,
-        action: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
+    /// A file operation failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// The grid file itself: not TOML, or not a grid.
     #[error("{path}: {message}")]
     Grid { path: PathBuf, message: String },
@@ -55,19 +51,6 @@ pub enum AblateError {
     Incomplete { variant: String, message: String },
     #[error(transparent)]
     Report(#[from] ReportError),
-    #[error(transparent)]
-    Write(#[from] WriteError),
-}
-
-fn io_err<'a>(
-    path: &'a Path,
-    action: &'static str,
-) -> impl FnOnce(std::io::Error) -> AblateError + 'a {
-    move |source| AblateError::Io {
-        path: path.to_path_buf(),
-        action,
-        source,
-    }
 }
 
 /// Dotted config keys and their new values, in the order they apply.
@@ -261,16 +244,22 @@ impl Grid {
         }
     }
 
-    /// Variant `v`'s run config: the base file, the grid's `set`, the
-    /// variant's `set`; then named after the variant, placed under
-    /// `<output_dir>/<grid name>`, with `eval_after` on (the summary reads
-    /// the final held-out evaluation), and validated.
-    pub fn resolve(&self, v: &Variant) -> Result<RunConfig, AblateError> {
+    /// Variant `v`'s run config, not yet checked: the base file, the
+    /// grid's `set`, the variant's `set`; then named after the variant,
+    /// placed under `<output_dir>/<grid name>`, with `eval_after` on (the
+    /// summary reads the final held-out evaluation).
+    pub fn variant_config(&self, v: &Variant) -> Result<RunConfig, AblateError> {
         let mut cfg = self.config_of(v)?;
         cfg.run.output_dir = cfg.run.output_dir.join(&self.name);
         cfg.run.name = v.name.clone();
         cfg.train.eval_after = true;
-        cfg.validate().map_err(|e| AblateError::Variant {
+        Ok(cfg)
+    }
+
+    /// [`Grid::variant_config`], checked as `falcon train` checks a config.
+    pub fn resolve(&self, v: &Variant) -> Result<RunConfig, AblateError> {
+        let cfg = self.variant_config(v)?;
+        cfg.check(Job::Train).map_err(|e| AblateError::Variant {
             variant: v.name.clone(),
             message: e.to_string(),
         })?;
@@ -603,6 +592,8 @@ seed = 3
 output_dir = "OUT"
 [reward]
 style = "on"
+[tasks]
+path = "TASKS"
 [train]
 steps = 2
 [train.loss]
@@ -613,9 +604,12 @@ fine = 1.0
     /// points into the same dir.
     fn grid(dir: &Path, variants: &str) -> Result<Grid, AblateError> {
         let out = dir.join("runs");
+        let tasks = dir.join("tasks.jsonl");
+        std::fs::write(&tasks, "").unwrap();
         std::fs::write(
             dir.join("base.toml"),
-            BASE.replace("OUT", out.to_str().unwrap()),
+            BASE.replace("OUT", out.to_str().unwrap())
+                .replace("TASKS", tasks.to_str().unwrap()),
         )
         .unwrap();
         let text = format!("base = \"base.toml\"\nname = \"abl\"\n{variants}");

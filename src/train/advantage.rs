@@ -13,24 +13,11 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
 /// Added to the group's standard deviation before dividing by it, so a group
 /// whose rewards are all equal gets advantage 0 rather than NaN.
 pub const STD_EPS: f64 = 1e-4;
 
-/// How a sample's reward becomes its advantage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AdvantageKind {
-    /// The reward itself, as in FALCON's Eq. 2.
-    None,
-    /// `r − mean(group)`; with `normalize_std`, divided by `std(group) + STD_EPS` (GRPO).
-    #[default]
-    GroupMean,
-    /// `r − mean(other samples of the group)` (RLOO); 0 for a sample alone in its group.
-    Rloo,
-}
+pub use crate::config::AdvantageKind;
 
 /// Rewards and group ids that do not fit together.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

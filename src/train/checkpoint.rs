@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 use super::metrics::crc32c_append;
 use crate::fsutil::{self, WriteError};
 
-/// The manifest every checkpoint directory carries, written last.
-pub const MANIFEST: &str = "manifest.json";
+pub use crate::run_dir::checkpoint::MANIFEST;
+pub use crate::run_dir::step_dir;
 const PREFIX: &str = "step-";
 
 #[derive(Debug, thiserror::Error)]
@@ -54,11 +54,6 @@ struct Manifest {
     format: u32,
     step: u64,
     files: BTreeMap<String, FileEntry>,
-}
-
-/// `run_dir/step-N`.
-pub fn step_dir(run_dir: &Path, step: u64) -> PathBuf {
-    run_dir.join(format!("{PREFIX}{step}"))
 }
 
 fn checksum(path: &Path) -> Result<FileEntry, CheckpointError> {
@@ -187,10 +182,7 @@ pub fn list(run_dir: &Path) -> Result<Vec<u64>, CheckpointError> {
     let mut steps = Vec::new();
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if let Some(n) = name
-            .strip_prefix(PREFIX)
-            .and_then(|s| s.parse::<u64>().ok())
-        {
+        if let Some(n) = crate::run_dir::parse_step_dir(&name) {
             if e.path().is_dir() {
                 steps.push(n);
             }

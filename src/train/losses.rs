@@ -17,7 +17,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use crate::reward::spans::TokenSpan;
@@ -98,18 +97,7 @@ impl PgBatch {
     }
 }
 
-/// How [`pg_loss`] averages its per-token terms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Normalization {
-    /// Mean over every masked token of the batch: each token weighs the same,
-    /// so long completions weigh more (DAPO's token-level loss).
-    #[default]
-    TokenMean,
-    /// Mean over each sequence's masked tokens, then over the sequences that
-    /// have any: each completion weighs the same (the original GRPO loss).
-    SequenceMean,
-}
+pub use crate::config::Normalization;
 
 pub use crate::model::decoder::token_logprobs;
 

@@ -17,19 +17,14 @@ use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::fsutil::WriteError;
+use crate::fsutil::{io_err, IoError};
 
 /// Errors from writing or reading metrics files. Each names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
-    /// The OS refused an operation.
-    #[error("{path}: cannot {action}: {source}")]
-    Io {
-        path: PathBuf,
-        action: &'static str,
-        #[source]
-        source: io::Error,
-    },
+    /// A file operation failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// An event record failed its CRC or did not decode. `offset` is the byte
     /// where the record starts.
     #[error("{path}: corrupt event record at byte {offset}: {detail}")]
@@ -48,21 +43,10 @@ pub enum MetricsError {
     /// A record handed to [`JsonlWriter::write`] is not a JSON object.
     #[error("{path}: cannot append record: {detail}")]
     BadRecord { path: PathBuf, detail: String },
-    /// An atomic rewrite failed.
-    #[error(transparent)]
-    Write(#[from] WriteError),
 }
 
 /// Results of this module.
 pub type Result<T, E = MetricsError> = std::result::Result<T, E>;
-
-fn io_err<'a>(path: &'a Path, action: &'static str) -> impl FnOnce(io::Error) -> MetricsError + 'a {
-    move |source| MetricsError::Io {
-        path: path.to_path_buf(),
-        action,
-        source,
-    }
-}
 
 // ---------------------------------------------------------------------------
 // CRC32C (Castagnoli), as TFRecord uses it.
@@ -323,7 +307,7 @@ impl EventWriter {
             match OpenOptions::new().write(true).create_new(true).open(&path) {
                 Ok(f) => break (path, f),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => suffix += 1,
-                Err(e) => return Err(io_err(&path, "create")(e)),
+                Err(e) => return Err(io_err(&path, "create")(e).into()),
             }
         };
         let mut w = Self {
@@ -360,7 +344,7 @@ impl EventWriter {
 
     /// Push buffered records to the OS (no fsync: see the module header).
     pub fn flush(&mut self) -> Result<()> {
-        self.out.flush().map_err(io_err(&self.path, "flush"))
+        Ok(self.out.flush().map_err(io_err(&self.path, "flush"))?)
     }
 
     fn write_record(&mut self, data: &[u8]) -> Result<()> {
@@ -372,7 +356,8 @@ impl EventWriter {
         rec.extend_from_slice(&masked_crc32c(data).to_le_bytes());
         self.out
             .write_all(&rec)
-            .map_err(io_err(&self.path, "write"))
+            .map_err(io_err(&self.path, "write"))?;
+        Ok(())
     }
 }
 
@@ -584,7 +569,7 @@ impl JsonlWriter {
         if let Err(e) = written {
             // Cut a partial line off now so the next write does not glue onto it.
             let _ = self.file.set_len(self.len);
-            return Err(io_err(&self.path, "append")(e));
+            return Err(io_err(&self.path, "append")(e).into());
         }
         self.len += line.len() as u64;
         Ok(())
@@ -623,7 +608,7 @@ pub fn truncate_after_step(path: &Path, step: i64) -> Result<usize> {
     let text = match std::fs::read(path) {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(io_err(path, "read")(e)),
+        Err(e) => return Err(io_err(path, "read")(e).into()),
     };
     let bad = |line: usize, detail: String| MetricsError::BadLine {
         path: path.to_path_buf(),

@@ -1,27 +1,305 @@
-//! Training: the RL loop of FALCON (and its single-level baseline), losses,
-//! advantages, our own optimizers, checkpoints with exact resume, and
-//! metrics (JSONL and TensorBoard event files).
+//! Training as a recipe (torchtune's shape, STYLE.md §5): one
+//! [`TrainState`] built in one place, sibling step functions over it, and a
+//! loop that reads top to bottom.
 //!
-//! - [`rl`]: the single-level loop behind `falcon train` and its SFT mode
-//!   behind `falcon sft` (docs/train.md), with KL to the base model, PPO
-//!   epochs, exact gradient accumulation and held-out evaluation hooks.
+//! - [`state`](TrainState): policy, optimizer and schedule, reward pipeline,
+//!   `P_error`, memories, the rollout strategy's state, step and time;
+//!   resume, `init_from`, checkpoints.
+//! - [`step`]: the steps, chosen explicitly by the [`Recipe`] (`[meta]
+//!   algorithm`, or the `sft` subcommand): `step::rl`, `step::meta`
+//!   (`maml` / `fomaml` / `reptile`), `step::sft`. No step imports another;
+//!   what they share is below them: sampling and scoring (`sample`), the
+//!   policy update (`update`), the memories (`memories`) and the meta-update's
+//!   mathematics (`maml`).
+//! - [`run`]: the loop (evaluations, metrics, checkpoints, time budget);
+//!   [`train`]: a whole `falcon train` / `falcon sft` session from a config.
 //! - [`losses`], [`advantage`], [`optim`]: FALCON's loss terms, advantage
 //!   estimators, our AdamW / SGD and LR schedules.
-//! - [`meta`]: FALCON's MAML loop (Algorithm 1) over fast LoRA weights, with
-//!   short-term memory in the inner mini-batches and long-term memory in the
-//!   prompts; second-order, first-order and Reptile meta-updates.
 //! - [`checkpoint`]: atomic `step-N/` directories, verification, retention.
 //! - [`metrics`]: `metrics.jsonl` and TensorBoard event files.
 //! - [`ablate`]: `falcon ablate` grids (variants of a base config), the
 //!   finished-variant marker and the summary table and plots.
-//!
-//! Not yet here: bf16 autocast.
 
 pub mod ablate;
 pub mod advantage;
+mod batch;
 pub mod checkpoint;
+mod events;
 pub mod losses;
-pub mod meta;
+mod maml;
+mod memories;
 pub mod metrics;
 pub mod optim;
-pub mod rl;
+mod recipe;
+mod sample;
+mod state;
+pub mod step;
+mod update;
+
+use crate::config::{ConfigError, Job, MetaAlgorithm, RunConfig};
+use crate::eval::EvalResult;
+use crate::exec::Sandbox;
+use crate::fsutil::WriteError;
+use crate::model::{ModelError, ModelSpec, Policy};
+use crate::run_dir::RunDir;
+use crate::task::{Selection, TaskError, TaskSet};
+
+pub use events::{Observer, Silent, StepRecord};
+pub use recipe::run;
+pub use state::{checkpoint_policy, load_trainable, prepare_policy, trainable, TrainState};
+pub use update::sft_example;
+
+/// What can stop a training run.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The config is not valid for this job (the user's to fix).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A task file could not be read, or a selection left nothing.
+    #[error(transparent)]
+    Task(#[from] TaskError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Optim(#[from] optim::OptimError),
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
+    #[error(transparent)]
+    Write(#[from] WriteError),
+    #[error(transparent)]
+    Metrics(#[from] metrics::MetricsError),
+    #[error(transparent)]
+    Exec(#[from] crate::exec::ExecError),
+    #[error(transparent)]
+    Reward(#[from] crate::reward::RewardError),
+    #[error(transparent)]
+    Memory(#[from] crate::memory::MemoryError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Which step a run takes, chosen explicitly: `falcon sft` takes the SFT
+/// step; `falcon train` takes the single-level step, or the meta-step of
+/// `[meta] algorithm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recipe {
+    /// The single-level policy-gradient step (`[meta] algorithm = "off"`).
+    Rl,
+    /// FALCON's Algorithm 1 with this meta-update (never `Off`).
+    Meta(MetaAlgorithm),
+    /// Cross-entropy on reference solutions.
+    Sft,
+}
+
+impl Recipe {
+    /// The recipe of `cfg` run as `job`.
+    pub fn of(cfg: &RunConfig, job: Job) -> Result<Recipe, TrainError> {
+        Ok(match (job, cfg.meta.algorithm) {
+            (Job::Sft, _) => Recipe::Sft,
+            (Job::Train, MetaAlgorithm::Off) => Recipe::Rl,
+            (Job::Train, a) => Recipe::Meta(a),
+            (Job::Eval, _) => {
+                return Err(TrainError::Invalid(
+                    "`falcon eval` trains nothing: run `falcon train` or `falcon sft`".into(),
+                ))
+            }
+        })
+    }
+
+    /// `rl`, `maml`, `fomaml`, `reptile` or `sft`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Recipe::Rl => "rl",
+            Recipe::Meta(a) => a.name(),
+            Recipe::Sft => "sft",
+        }
+    }
+}
+
+/// What a training session did.
+pub struct Outcome {
+    pub run_dir: RunDir,
+    pub recipe: Recipe,
+    /// This session's steps.
+    pub records: Vec<StepRecord>,
+    /// Steps completed by the run (earlier sessions included).
+    pub steps: u64,
+    /// The held-out evaluation before the first step and after the last,
+    /// when the run has both (`eval_before`, `eval_after`): paired, so
+    /// McNemar applies.
+    pub before_after: Option<(EvalResult, EvalResult)>,
+    /// The mean of each reward term over every step of the run (all
+    /// sessions), `total` included; empty for SFT.
+    pub reward_means: std::collections::BTreeMap<String, f64>,
+    /// What the run's memories hold at the end.
+    pub memory: MemorySummary,
+}
+
+/// What a run's memories hold.
+#[derive(Debug, Clone, Default)]
+pub struct MemorySummary {
+    /// Long-term entries (meta-RL with `[meta] long_term`).
+    pub long_term: Option<u64>,
+    /// Rows in the short-term buffer (meta-RL).
+    pub short_term: Option<usize>,
+    /// Samples `P_error` has seen, and its error kinds, largest share first.
+    pub p_error_samples: u64,
+    pub p_error: Vec<(String, f64)>,
+}
+
+impl MemorySummary {
+    fn of(s: &TrainState) -> Self {
+        let mut p: Vec<(String, f64)> = s
+            .error_stats
+            .p_error()
+            .into_iter()
+            .map(|(k, v)| (k.name().to_owned(), v))
+            .collect();
+        p.sort_by(|a, b| b.1.total_cmp(&a.1));
+        MemorySummary {
+            long_term: s
+                .memory
+                .as_ref()
+                .and_then(|m| m.long_term.as_ref())
+                .and_then(|l| l.len().ok()),
+            short_term: s.memory.as_ref().map(|m| m.short_term.len()),
+            p_error_samples: s.error_stats.samples(),
+            p_error: p,
+        }
+    }
+}
+
+/// The mean of each reward term over the steps in `metrics.jsonl` (each
+/// step's mean weighs the same); lines that do not parse are skipped.
+pub fn reward_means(metrics: &std::path::Path) -> std::collections::BTreeMap<String, f64> {
+    let text = std::fs::read_to_string(metrics).unwrap_or_default();
+    let mut sum: std::collections::BTreeMap<String, (f64, usize)> = Default::default();
+    for rec in text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<StepRecord>(l).ok())
+    {
+        for (k, v) in rec.reward {
+            let e = sum.entry(k).or_insert((0.0, 0));
+            e.0 += v;
+            e.1 += 1;
+        }
+    }
+    sum.into_iter()
+        .map(|(k, (s, n))| (k, s / n.max(1) as f64))
+        .collect()
+}
+
+/// `[tasks]`'s training tasks.
+pub fn train_tasks(cfg: &RunConfig) -> Result<TaskSet, TrainError> {
+    let Some(path) = &cfg.tasks.path else {
+        return Err(TrainError::Invalid(
+            "[tasks] path is not set: name the task file to train on".into(),
+        ));
+    };
+    Ok(TaskSet::load_selected(
+        path,
+        &Selection {
+            format: cfg.tasks.format,
+            skip_invalid: cfg.tasks.skip_invalid,
+            tags: &cfg.tasks.tags,
+            max_tasks: 0,
+            what: "[tasks]",
+        },
+    )?)
+}
+
+/// What a training session loads before its state: the training and
+/// held-out tasks, the policy (with the run's fresh LoRA adapters) and the
+/// sandbox.
+pub struct Loaded {
+    pub tasks: TaskSet,
+    pub eval_tasks: Option<TaskSet>,
+    pub policy: Policy,
+    pub sandbox: Sandbox,
+}
+
+/// Check `cfg` for `job` and load what its run needs (see [`Loaded`]).
+pub fn load(cfg: &RunConfig, job: Job, observer: &mut dyn Observer) -> Result<Loaded, TrainError> {
+    cfg.check(job)?;
+    let tasks = train_tasks(cfg)?;
+    let t = &cfg.train;
+    let eval_tasks = if t.eval_before || t.eval_after || t.eval_every > 0 {
+        Some(crate::eval::eval_tasks(cfg).map_err(|e| match e {
+            crate::eval::EvalError::Task(e) => TrainError::Task(e),
+            e => TrainError::Invalid(e.to_string()),
+        })?)
+    } else {
+        None
+    };
+    let opened = crate::model::open(&ModelSpec::of(&cfg.model))?;
+    observer.on_message(&opened.describe(cfg.model.dtype));
+    let mut policy = opened.policy;
+    prepare_policy(cfg, &mut policy)?;
+    let sandbox = Sandbox::new(&cfg.exec)?;
+    Ok(Loaded {
+        tasks,
+        eval_tasks,
+        policy,
+        sandbox,
+    })
+}
+
+impl Loaded {
+    /// The run's [`TrainState`] over what was loaded (see
+    /// [`TrainState::new`]), with the held-out tasks attached.
+    pub fn state<'a>(
+        &'a mut self,
+        cfg: &RunConfig,
+        job: Job,
+        resume: bool,
+        observer: &mut dyn Observer,
+    ) -> Result<TrainState<'a>, TrainError> {
+        let state = TrainState::new(
+            cfg.clone(),
+            job,
+            &mut self.policy,
+            &self.tasks,
+            &self.sandbox,
+            resume,
+            observer,
+        )?;
+        Ok(match &self.eval_tasks {
+            Some(e) => state.with_eval_tasks(e),
+            None => state,
+        })
+    }
+}
+
+/// A whole `falcon train` / `falcon sft` session (and each variant of
+/// `falcon ablate`): the config checked for `job`, its tasks, model and
+/// sandbox loaded, the run trained (or resumed, with `resume`) with its
+/// held-out evaluations. Progress goes to `observer`.
+pub fn train(
+    cfg: &RunConfig,
+    job: Job,
+    resume: bool,
+    observer: &mut dyn Observer,
+) -> Result<Outcome, TrainError> {
+    let mut loaded = load(cfg, job, observer)?;
+    let mut state = loaded.state(cfg, job, resume, observer)?;
+    let records = run(&mut state, observer)?;
+    let (run_dir, recipe, steps) = (state.run_dir.clone(), state.recipe, state.step);
+    let memory = MemorySummary::of(&state);
+    drop(state);
+    let t = &cfg.train;
+    let read = |step: u64| EvalResult::load(&run_dir.eval(step)).ok();
+    let before_after = if t.eval_before && t.eval_after && steps > 0 {
+        read(0).zip(read(steps))
+    } else {
+        None
+    };
+    Ok(Outcome {
+        reward_means: reward_means(&run_dir.metrics()),
+        run_dir,
+        recipe,
+        records,
+        steps,
+        before_after,
+        memory,
+    })
+}

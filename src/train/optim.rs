@@ -844,17 +844,7 @@ pub fn clip_grad_norm(params: &[(String, Tensor)], max_norm: f64) -> f64 {
 
 // ---------------------------------------------------------------- schedule
 
-/// Shape of the learning-rate curve after warm-up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ScheduleKind {
-    /// `base_lr` after warm-up.
-    Constant,
-    /// Half-cosine from `base_lr` to `min_lr_ratio * base_lr`.
-    Cosine,
-    /// Straight line from `base_lr` to `min_lr_ratio * base_lr`.
-    Linear,
-}
+pub use crate::config::ScheduleKind;
 
 /// Learning rate per optimizer step, with HF transformers' conventions
 /// (`get_cosine_schedule_with_warmup` & co.): `lr_at(0)` is the rate of the

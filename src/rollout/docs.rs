@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use tch::Tensor;
 
 use crate::config::{RunConfig, StrategyKind};
-use crate::memory::memcoder::{
+use crate::memory::guidelines::{
     feedback_text, load_api_docs, ApiDoc, MemCoderMemory, MemCoderParams, TaskEntry,
 };
 use crate::memory::{embedder_from_config, Embedder, ExactIndex, VectorIndex};
@@ -312,7 +312,7 @@ impl DocStrategy {
                     });
                 }
                 for (o, a) in summary.apis.iter().zip(api_answers) {
-                    use crate::memory::memcoder::Reflection;
+                    use crate::memory::guidelines::Reflection;
                     let result = match (&o.reflection, o.added_id) {
                         (None, _) => "unparseable".to_string(),
                         (Some(Reflection::Discard), _) => "discard".into(),

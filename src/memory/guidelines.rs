@@ -232,59 +232,9 @@ impl ApiEntry {
 // ---------------------------------------------------------------------------
 // Parameters and Eq. 5.
 
-/// Eq. 5's constants. The paper (§IV-D) names `w_init`, `Δw+`, `Δw−` and
-/// `w_min > 0` but gives no values; these defaults are our choice. Fig. 3
-/// shows integer weights (3, 77), so only ranking, not scale, is comparable.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct WeightParams {
-    pub w_init: f64,
-    pub delta_plus: f64,
-    pub delta_minus: f64,
-    pub w_min: f64,
-}
-
-impl Default for WeightParams {
-    fn default() -> Self {
-        WeightParams {
-            w_init: 1.0,
-            delta_plus: 0.1,
-            delta_minus: 0.1,
-            w_min: 0.1,
-        }
-    }
-}
+pub use crate::config::{MemCoderParams, WeightParams};
 
 impl WeightParams {
-    /// Rejects values under which Eq. 5 stops meaning what the paper says.
-    pub fn validate(&self) -> Result<(), MemcoderError> {
-        let all = [self.w_init, self.delta_plus, self.delta_minus, self.w_min];
-        if all.iter().any(|v| !v.is_finite()) {
-            return Err(MemcoderError::BadParams(format!(
-                "weights must be finite: {self:?}"
-            )));
-        }
-        if self.w_min <= 0.0 {
-            return Err(MemcoderError::BadParams(format!(
-                "w_min must be > 0 (Eq. 5), got {}",
-                self.w_min
-            )));
-        }
-        if self.w_init < self.w_min {
-            return Err(MemcoderError::BadParams(format!(
-                "w_init ({}) must be at least w_min ({})",
-                self.w_init, self.w_min
-            )));
-        }
-        if self.delta_plus < 0.0 || self.delta_minus < 0.0 {
-            return Err(MemcoderError::BadParams(format!(
-                "delta_plus and delta_minus must be >= 0, got {} and {}",
-                self.delta_plus, self.delta_minus
-            )));
-        }
-        Ok(())
-    }
-
     /// Eq. 5: `w + Δw+` on success, `max(w_min, w − Δw−)` on failure.
     pub fn update(&self, w: f64, passed: bool) -> f64 {
         if passed {
@@ -292,44 +242,6 @@ impl WeightParams {
         } else {
             (w - self.delta_minus).max(self.w_min)
         }
-    }
-}
-
-/// Retrieval sizes and the memory's own bounds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MemCoderParams {
-    pub weights: WeightParams,
-    /// Guidelines injected per candidate API (§V-F: 3).
-    pub guidelines_per_api: usize,
-    /// Successful snippets injected per candidate API (§V-F: 1).
-    pub snippets_per_api: usize,
-    /// Snippets kept per API, newest kept; bounds `C_a`, which the paper
-    /// leaves unbounded.
-    pub max_snippets: usize,
-}
-
-impl Default for MemCoderParams {
-    fn default() -> Self {
-        MemCoderParams {
-            weights: WeightParams::default(),
-            guidelines_per_api: 3,
-            snippets_per_api: 1,
-            max_snippets: 8,
-        }
-    }
-}
-
-impl MemCoderParams {
-    pub fn validate(&self) -> Result<(), MemcoderError> {
-        self.weights.validate()?;
-        if self.max_snippets < self.snippets_per_api {
-            return Err(MemcoderError::BadParams(format!(
-                "max_snippets ({}) must be at least snippets_per_api ({})",
-                self.max_snippets, self.snippets_per_api
-            )));
-        }
-        Ok(())
     }
 }
 
@@ -674,7 +586,7 @@ impl MemCoderMemory {
     /// An empty memory over the library's docs: every documented API gets an
     /// entry with no snippets and no guidelines.
     pub fn new(docs: Vec<ApiDoc>, params: MemCoderParams) -> Result<Self, MemcoderError> {
-        params.validate()?;
+        params.validate().map_err(MemcoderError::BadParams)?;
         let mut apis = BTreeMap::new();
         for doc in docs {
             if !is_dotted_name(&doc.name) {
@@ -1353,10 +1265,7 @@ fn fenced(code: &str, lang: &str) -> String {
 
 /// The first `cap` characters, with a marker when cut.
 fn truncate_chars(s: &str, cap: usize) -> String {
-    match s.char_indices().nth(cap) {
-        None => s.to_owned(),
-        Some((at, _)) => format!("{}…", &s[..at]),
-    }
+    crate::text::clip(s, cap, "…")
 }
 
 /// The last `cap` characters, with a marker when cut.

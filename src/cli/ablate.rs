@@ -1,0 +1,118 @@
+//! `falcon ablate --grid FILE`: train every variant of a grid, then the
+//! summary table and plots.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use super::usage;
+use falcon_rl::config::Job;
+use falcon_rl::run_dir::RunDir;
+use falcon_rl::train::ablate::{
+    finish_variant, prepare_variant, summary_markdown, write_summary, AblateError, Grid,
+    VariantState,
+};
+
+#[derive(Args)]
+pub struct AblateArgs {
+    /// The grid (TOML): `base`, `name`, optional `set`, and `[[variant]]`
+    /// tables with `name` and `set` (dotted config keys).
+    #[arg(long)]
+    grid: PathBuf,
+    /// Resolve and check every variant (as `falcon config check` does) and
+    /// say what would run; train nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// A failed write is ours; a grid, base or run directory that cannot be
+/// read or used is the user's to fix.
+fn ablate_error(e: AblateError) -> anyhow::Error {
+    match e {
+        AblateError::Io(_) => e.into(),
+        e => usage(e),
+    }
+}
+
+pub fn run(args: AblateArgs) -> Result<()> {
+    let grid = Grid::load(&args.grid).map_err(ablate_error)?;
+    let out = grid.output_dir().map_err(ablate_error)?;
+    // Every variant's config first: a typo in the last one should not
+    // surface after hours of training the others.
+    let cfgs = grid
+        .variants
+        .iter()
+        .map(|v| grid.resolve(v))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(ablate_error)?;
+    let n = cfgs.len();
+    if args.dry_run {
+        for (v, cfg) in grid.variants.iter().zip(&cfgs) {
+            let dir = RunDir::of(cfg);
+            let state = if dir.ablate_done().is_file() {
+                "finished"
+            } else if dir.path().exists() {
+                "started"
+            } else {
+                "new"
+            };
+            let set: Vec<String> = grid
+                .set
+                .iter()
+                .chain(&v.set)
+                .map(|(k, v)| format!("{k} = {v}"))
+                .collect();
+            println!(
+                "{}\t{state}\t{}\t{}",
+                v.name,
+                dir.path().display(),
+                if set.is_empty() {
+                    "(base)".into()
+                } else {
+                    set.join(", ")
+                }
+            );
+        }
+        eprintln!(
+            "falcon: {n} variants of {} resolve and validate",
+            grid.base.display()
+        );
+        return Ok(());
+    }
+    let mut rows = Vec::with_capacity(n);
+    for (i, cfg) in cfgs.iter().enumerate() {
+        let name = &cfg.run.name;
+        let state = prepare_variant(cfg).map_err(ablate_error)?;
+        let resume = match state {
+            VariantState::Finished(row) => {
+                eprintln!(
+                    "falcon: variant {}/{n} {name}: finished before, not rerun",
+                    i + 1
+                );
+                rows.push(row);
+                continue;
+            }
+            VariantState::Started => true,
+            VariantState::New => false,
+        };
+        eprintln!(
+            "falcon: variant {}/{n} {name}{} in {}",
+            i + 1,
+            if resume { ", resuming" } else { "" },
+            RunDir::of(cfg).path().display()
+        );
+        super::train::train(cfg, Job::Train, resume)
+            .with_context(|| format!("variant `{name}`"))?;
+        rows.push(finish_variant(cfg).map_err(ablate_error)?);
+    }
+    let files = write_summary(&grid, &out, &rows).map_err(ablate_error)?;
+    print!("{}", summary_markdown(&grid, &rows));
+    eprintln!(
+        "falcon: {n} variants; summary {} ({} files in {})",
+        out.join("summary.md").display(),
+        files.len(),
+        out.display()
+    );
+    Ok(())
+}

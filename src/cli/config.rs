@@ -1,0 +1,67 @@
+//! `falcon config check|show`: the validation every command runs, on its
+//! own; and the resolved config with every default written out.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Subcommand, ValueEnum};
+
+use super::usage;
+use falcon_rl::config::{ConfigError, Job, RunConfig};
+
+#[derive(Subcommand)]
+pub enum ConfigCmd {
+    /// Parse and validate for a command (default `train`), including the
+    /// files it reads; print every problem with its key path.
+    Check {
+        file: PathBuf,
+        /// The command the config is for: train, sft or eval.
+        #[arg(long = "for", value_enum, default_value_t = JobArg::Train)]
+        job: JobArg,
+    },
+    /// Print the resolved configuration, defaults included.
+    Show { file: PathBuf },
+}
+
+/// `--for`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum JobArg {
+    Train,
+    Sft,
+    Eval,
+}
+
+impl JobArg {
+    pub fn job(self) -> Job {
+        match self {
+            JobArg::Train => Job::Train,
+            JobArg::Sft => Job::Sft,
+            JobArg::Eval => Job::Eval,
+        }
+    }
+}
+
+pub fn run(cmd: ConfigCmd) -> Result<()> {
+    match cmd {
+        ConfigCmd::Check { file, job } => {
+            let job = job.job();
+            match RunConfig::load_for(&file, job) {
+                Ok(_) => {
+                    println!("{}: ok for `falcon {}`", file.display(), job.name());
+                    Ok(())
+                }
+                Err(e @ ConfigError::Invalid { .. }) => Err(usage(format!(
+                    "{}: {e}\n(checked for `falcon {}`; --for train, sft or eval checks for another command)",
+                    file.display(),
+                    job.name()
+                ))),
+                Err(e) => Err(usage(e)),
+            }
+        }
+        ConfigCmd::Show { file } => {
+            let cfg = RunConfig::load(&file).map_err(usage)?;
+            print!("{}", cfg.to_toml_string()?);
+            Ok(())
+        }
+    }
+}

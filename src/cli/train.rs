@@ -1,0 +1,186 @@
+//! `falcon train` and `falcon sft`: a training session from a config, with
+//! a progress bar on a terminal (plain lines otherwise) and the closing
+//! held-out comparison.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::Args;
+
+use super::usage;
+use falcon_rl::config::{Job, RunConfig};
+use falcon_rl::eval::EvalResult;
+use falcon_rl::train::{Observer, StepRecord, TrainError};
+
+#[derive(Args)]
+pub struct TrainArgs {
+    /// Run configuration (TOML); see docs/config.md and docs/train.md.
+    #[arg(long)]
+    config: PathBuf,
+    /// Continue the run in <output_dir>/<name> from its newest valid checkpoint.
+    #[arg(long)]
+    resume: bool,
+}
+
+pub fn run(args: TrainArgs, job: Job) -> Result<()> {
+    let cfg = RunConfig::from_file(&args.config).map_err(usage)?;
+    train(&cfg, job, args.resume)
+}
+
+/// A training error as the CLI reports it: a config or task file that does
+/// not work is the user's to fix (exit code 2).
+pub fn train_error(e: TrainError) -> anyhow::Error {
+    match e {
+        TrainError::Config(_) | TrainError::Task(_) => usage(e),
+        e => e.into(),
+    }
+}
+
+/// Train (or resume) the run `cfg` describes, as `falcon train`, `falcon
+/// sft` and each variant of `falcon ablate` do.
+pub fn train(cfg: &RunConfig, job: Job, resume: bool) -> Result<()> {
+    let mut progress = TrainProgress { bar: None };
+    let t0 = Instant::now();
+    let outcome = falcon_rl::train::train(cfg, job, resume, &mut progress).map_err(train_error)?;
+    if let Some(b) = &progress.bar {
+        b.finish_and_clear();
+    }
+    let d = &outcome.run_dir;
+    eprintln!(
+        "falcon: {} steps ({}) in {:.1}s; metrics {}, samples {}, checkpoints {}/step-N",
+        outcome.records.len(),
+        outcome.recipe.name(),
+        t0.elapsed().as_secs_f64(),
+        d.metrics().display(),
+        d.samples().display(),
+        d.path().display()
+    );
+    if !outcome.reward_means.is_empty() {
+        let terms: Vec<String> = outcome
+            .reward_means
+            .iter()
+            .map(|(k, v)| format!("{k} {v:+.3}"))
+            .collect();
+        eprintln!(
+            "falcon: mean reward over the run's {} steps: {}",
+            outcome.steps,
+            terms.join(", ")
+        );
+    }
+    let m = &outcome.memory;
+    if m.long_term.is_some() || m.short_term.is_some() {
+        let mut held = Vec::new();
+        if let Some(n) = m.long_term {
+            held.push(format!("{n} long-term entries"));
+        }
+        if let Some(n) = m.short_term {
+            held.push(format!("{n} short-term rows"));
+        }
+        let top: Vec<String> = m
+            .p_error
+            .iter()
+            .take(3)
+            .map(|(k, p)| format!("{k} {p:.2}"))
+            .collect();
+        eprintln!(
+            "falcon: memory holds {}; P_error over {} samples, top error kinds: {}",
+            held.join(", "),
+            m.p_error_samples,
+            if top.is_empty() {
+                "none yet".to_owned()
+            } else {
+                top.join(", ")
+            }
+        );
+    }
+    if let Some((b, a)) = &outcome.before_after {
+        eprintln!("falcon: {}", before_after_line(b, a));
+    }
+    Ok(())
+}
+
+/// Held-out pass@1 before and after, on the same tasks: paired, so McNemar.
+pub fn before_after_line(b: &EvalResult, a: &EvalResult) -> String {
+    let (only_after, only_before, p) = a.mcnemar_vs(b);
+    let k1 = |r: &EvalResult| 100.0 * r.pass(1).unwrap_or(f64::NAN);
+    format!(
+        "held-out pass@1 {:.1}% -> {:.1}% ({} tasks; solved only after: {only_after}, only before: {only_before}; McNemar exact p = {p:.3})",
+        k1(b),
+        k1(a),
+        a.tasks.len()
+    )
+}
+
+/// Progress for `falcon train`: a bar on a terminal, plain lines otherwise.
+struct TrainProgress {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl Observer for TrainProgress {
+    fn on_start(&mut self, first: u64, steps: u64) {
+        use std::io::IsTerminal;
+        if std::io::stderr().is_terminal() {
+            let bar = indicatif::ProgressBar::new(steps).with_style(
+                indicatif::ProgressStyle::with_template(
+                    "step {pos}/{len} {bar:30} {msg} eta {eta}",
+                )
+                .expect("static template"),
+            );
+            bar.set_position(first);
+            self.bar = Some(bar);
+        }
+    }
+
+    fn on_step(&mut self, r: &StepRecord) {
+        let secs: f64 = r.seconds.values().sum();
+        let loss = r.loss.get("total").copied().unwrap_or(f64::NAN);
+        let msg = if r.samples == 0 {
+            // SFT: nothing generated, nothing scored.
+            format!("loss {loss:.4} lr {:.2e}", r.lr)
+        } else {
+            format!(
+                "reward {:+.3} pass {:.0}% loss {loss:.4} {:.0} tok/s",
+                r.reward.get("total").copied().unwrap_or(f64::NAN),
+                100.0 * r.pass_rate,
+                r.tokens_generated as f64
+                    / r.seconds.get("generate").copied().unwrap_or(secs).max(1e-9)
+            )
+        };
+        match &self.bar {
+            Some(b) => {
+                b.set_message(msg);
+                b.inc(1);
+            }
+            // `step N` as metrics.jsonl and the plots count it.
+            None => eprintln!("step {} {msg} ({secs:.1}s)", r.step),
+        }
+    }
+
+    fn on_eval(&mut self, step: u64, path: &Path, r: &EvalResult) {
+        let figures: Vec<String> = r
+            .pass_at
+            .iter()
+            .map(|(k, v)| format!("pass@{k} {:.1}%", 100.0 * v))
+            .chain(
+                r.exec_at
+                    .iter()
+                    .map(|(k, v)| format!("exec@{k} {:.1}%", 100.0 * v)),
+            )
+            .collect();
+        self.on_message(&format!(
+            "eval at step {step}: {} on {} tasks in {:.1}s ({})",
+            figures.join(", "),
+            r.tasks.len(),
+            r.seconds,
+            path.display()
+        ));
+    }
+
+    fn on_message(&mut self, m: &str) {
+        match &self.bar {
+            Some(b) => b.println(format!("falcon: {m}")),
+            None => eprintln!("falcon: {m}"),
+        }
+    }
+}

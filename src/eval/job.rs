@@ -1,0 +1,170 @@
+//! A whole `falcon eval` from a config: `[eval]`'s tasks, the generators
+//! (`[strategy.generator]` writes the answers, `[memory.reflector]`
+//! reflects; each the policy or an OpenAI-compatible server), the sandbox,
+//! the strategy from the one factory (MemoCoder first accumulates on
+//! `[strategy] accumulate_on`), then the evaluation, a group of tasks at a
+//! time when `[eval] checkpoint_tasks` asks, kept beside `out` so a killed
+//! evaluation resumes.
+
+use std::path::{Path, PathBuf};
+
+use super::{eval_tasks, evaluate_in_groups, evaluate_strategy, seed_of};
+use super::{EvalError, EvalResult, EvalSpec, Partial};
+use crate::config::{GeneratorSource, RunConfig, StrategyKind};
+use crate::exec::Sandbox;
+use crate::model::openai::OpenAiGenerator;
+use crate::model::{Generator, Policy};
+use crate::rollout::{self, Use};
+use crate::task::{Selection, Task, TaskSet};
+
+/// Where an evaluation reports what it is doing; only the CLI draws.
+pub trait Progress {
+    fn message(&mut self, _message: &str) {}
+    /// `done` of `total` samples are finished.
+    fn samples(&mut self, _done: u64, _total: u64) {}
+}
+
+/// Whether `cfg`'s evaluation generates or reflects with the policy (and
+/// so needs the model loaded).
+pub fn needs_policy(cfg: &RunConfig) -> bool {
+    let reflects = matches!(
+        cfg.strategy.kind,
+        StrategyKind::Memocoder | StrategyKind::Memcoder
+    );
+    matches!(cfg.strategy.generator, GeneratorSource::Policy)
+        || (reflects && matches!(cfg.memory.reflector, GeneratorSource::Policy))
+}
+
+/// Where a partial evaluation of `out` keeps its groups: `out` with
+/// `.partial` for its extension (`result.json` → `result.partial/`).
+pub fn partial_dir(out: &Path) -> PathBuf {
+    out.with_extension("partial")
+}
+
+/// Evaluate `cfg`'s strategy on `[eval]`'s tasks. `policy` is the model
+/// (or checkpoint) to evaluate; it must be given when [`needs_policy`].
+/// `checkpoint` only names it in what a partial evaluation was made with.
+/// With `out`, finished groups are kept in [`partial_dir`] until the caller
+/// has written the result.
+pub fn run(
+    cfg: &RunConfig,
+    policy: Option<&Policy>,
+    checkpoint: Option<&Path>,
+    out: Option<&Path>,
+    progress: &mut dyn Progress,
+) -> Result<EvalResult, EvalError> {
+    cfg.check(crate::config::Job::Eval)?;
+    let tasks = eval_tasks(cfg)?;
+    let list: Vec<&Task> = tasks.iter().collect();
+    let server = |src: &GeneratorSource| -> Result<Option<OpenAiGenerator>, EvalError> {
+        Ok(match src {
+            GeneratorSource::Policy => None,
+            GeneratorSource::Openai(o) => Some(OpenAiGenerator::new(o)?),
+        })
+    };
+    let answer_server = server(&cfg.strategy.generator)?;
+    let reflect_server = server(&cfg.memory.reflector)?;
+    let generator = pick(&answer_server, policy)?;
+    let reflector = pick(&reflect_server, policy)?;
+    let sandbox = Sandbox::new(&cfg.exec)?;
+    let spec = EvalSpec {
+        instruction: &cfg.train.instruction,
+        generation: &cfg.generation,
+        eval: &cfg.eval,
+        seed: seed_of(cfg),
+        prompts: None,
+    };
+    let env = spec.env(generator, reflector, &sandbox);
+    let kind = cfg.strategy.kind;
+    let mut strategy = rollout::strategy(
+        kind,
+        cfg,
+        Use::Eval {
+            memory_run: cfg.strategy.memory_run.as_deref(),
+            tasks: &list,
+        },
+    )?;
+    if let Some(path) = &cfg.strategy.accumulate_on {
+        let acc = accumulation_tasks(cfg, path)?;
+        let acc: Vec<&Task> = acc.iter().collect();
+        progress.message(&format!(
+            "accumulating {} memory on {} tasks of {}",
+            strategy.name(),
+            acc.len(),
+            path.display()
+        ));
+        strategy.solve(&env, &acc, 1, &mut |_, _| {})?;
+        let stats: Vec<String> = strategy
+            .stats()
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        progress.message(&format!("{}: {}", strategy.name(), stats.join(", ")));
+    }
+    progress.message(&format!(
+        "strategy {} on {} tasks x {} samples",
+        strategy.name(),
+        list.len(),
+        cfg.eval.n
+    ));
+    let dir = out.map(partial_dir);
+    let partial = dir.as_deref().map(|dir| Partial {
+        dir,
+        made_with: serde_json::json!({
+            "config": cfg,
+            "checkpoint": checkpoint,
+            "memory": cfg.strategy.memory_run,
+            "tasks": list.iter().map(|t| &t.id).collect::<Vec<_>>(),
+        }),
+    });
+    if let Some(p) = partial.as_ref().filter(|_| cfg.eval.checkpoint_tasks > 0) {
+        if p.dir.join("manifest.json").exists() {
+            progress.message(&format!(
+                "continuing the partial evaluation in {}",
+                p.dir.display()
+            ));
+        }
+    }
+    let mut tick = |done: usize, total: usize| progress.samples(done as u64, total as u64);
+    if cfg.eval.checkpoint_tasks == 0 {
+        return evaluate_strategy(strategy.as_mut(), &env, &list, &cfg.eval, &mut tick);
+    }
+    evaluate_in_groups(
+        strategy.as_mut(),
+        &env,
+        &list,
+        &cfg.eval,
+        cfg.eval.checkpoint_tasks,
+        partial.as_ref(),
+        &mut tick,
+    )
+}
+
+/// The server when a source names one, else the policy.
+fn pick<'a>(
+    server: &'a Option<OpenAiGenerator>,
+    policy: Option<&'a Policy>,
+) -> Result<&'a dyn Generator, EvalError> {
+    match (server, policy) {
+        (Some(s), _) => Ok(s),
+        (None, Some(p)) => Ok(p),
+        (None, None) => Err(EvalError::Invalid(
+            "this evaluation generates with the policy, but no model was loaded".into(),
+        )),
+    }
+}
+
+/// MemoCoder's accumulation tasks: `path` (format by its content), at most
+/// `[strategy] accumulate_max_tasks`.
+fn accumulation_tasks(cfg: &RunConfig, path: &Path) -> Result<TaskSet, EvalError> {
+    Ok(TaskSet::load_selected(
+        path,
+        &Selection {
+            format: crate::config::TaskFormat::Auto,
+            skip_invalid: cfg.tasks.skip_invalid,
+            tags: &[],
+            max_tasks: cfg.strategy.accumulate_max_tasks,
+            what: "[strategy] accumulate_on",
+        },
+    )?)
+}

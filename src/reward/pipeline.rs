@@ -1,0 +1,109 @@
+//! The one way from a completion to its reward, shared by training,
+//! evaluation and `falcon exec`: the code is cut out of the completion and
+//! run against its task ([`execute`]), the execution report becomes FALCON's
+//! terms and their weighted composite ([`Rewards::score`]), and the failing
+//! lines become token spans for the fine-grained loss ([`Rewards::spans`]).
+//! `P_error` (Eq. 11) is the caller's: it is a statistic over the run's
+//! history, which memory keeps.
+
+use std::collections::BTreeMap;
+
+use super::{
+    code_in_completion, composite, error_line_spans, judge_from_config,
+    offsets_by_incremental_decode, r_coarse, Aspect, Judge, RewardBreakdown, RewardError,
+    SampleSignals, TokenSpan,
+};
+use crate::config::RewardConfig;
+use crate::exec::{ErrorKind, ExecReport, RewardClass, Sandbox};
+use crate::model::{Completion, Generator, TextTokenizer};
+use crate::task::Task;
+
+/// Runs the code each completion holds against its task, in one sandbox
+/// batch: `jobs[i]` is (task, completion text).
+pub fn execute(sandbox: &Sandbox, jobs: &[(&Task, &str)]) -> Vec<ExecReport> {
+    let code: Vec<(&Task, &str)> = jobs
+        .iter()
+        .map(|(t, text)| (*t, code_in_completion(text).1))
+        .collect();
+    sandbox.run_batch(&code)
+}
+
+/// `[reward]` with its judge: scores execution reports.
+pub struct Rewards<'j> {
+    cfg: RewardConfig,
+    judge: Box<dyn Judge + 'j>,
+}
+
+impl<'j> Rewards<'j> {
+    /// The rewards `cfg` describes; `judge_model` is needed only by the LM
+    /// judge (`[reward] judge = "lm"`).
+    pub fn new<G: Generator + ?Sized>(
+        cfg: &RewardConfig,
+        judge_model: Option<&'j G>,
+    ) -> Result<Self, RewardError> {
+        Ok(Rewards {
+            cfg: cfg.clone(),
+            judge: judge_from_config(cfg, judge_model)?,
+        })
+    }
+
+    /// Each sample's reward, term by term (`None`: no signal), from its
+    /// report, its code (for the style and complexity judges) and the run's
+    /// `P_error`.
+    pub fn score(
+        &self,
+        reports: &[ExecReport],
+        codes: &[&str],
+        p_error: &BTreeMap<ErrorKind, f64>,
+    ) -> Result<Vec<Option<RewardBreakdown>>, RewardError> {
+        let judged = |on: bool, aspect| {
+            if on {
+                self.judge.score(aspect, codes)
+            } else {
+                Ok(vec![None; codes.len()])
+            }
+        };
+        let style = judged(self.cfg.style.computed(), Aspect::Style)?;
+        let complexity = judged(self.cfg.complexity.computed(), Aspect::Complexity)?;
+        Ok(reports
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                composite(
+                    &self.cfg,
+                    &SampleSignals::from_report(r, p_error.clone(), style[i], complexity[i]),
+                )
+            })
+            .collect())
+    }
+
+    /// The fine-grained spans of each completion (Eq. 2): the tokens of the
+    /// lines a failing run points at get `R_coarse` of its outcome; passing
+    /// samples, samples without signal and lines that cannot be mapped to
+    /// tokens get none.
+    pub fn spans(
+        tok: &TextTokenizer,
+        comps: &[Completion],
+        reports: &[ExecReport],
+    ) -> Result<Vec<Vec<TokenSpan>>, RewardError> {
+        let mut out = Vec::with_capacity(comps.len());
+        for (c, r) in comps.iter().zip(reports) {
+            let mut s = Vec::new();
+            if let (Some(class), false) = (r.outcome, r.error_lines.is_empty()) {
+                if class != RewardClass::Pass {
+                    let (text, offsets) =
+                        offsets_by_incremental_decode(&c.token_ids, |ids| tok.decode(ids, true))
+                            .map_err(RewardError::Decode)?;
+                    let (off, code) = code_in_completion(&text);
+                    if let Ok(sp) =
+                        error_line_spans(code, off, &r.error_lines, &offsets, r_coarse(class))
+                    {
+                        s = sp;
+                    }
+                }
+            }
+            out.push(s);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,159 @@
+//! The recipe (torchtune's shape, STYLE.md §5): given a [`TrainState`],
+//! run the remaining steps of its [`Recipe`], reading top to bottom:
+//! held-out evaluation before, then per step the step function, its line in
+//! `metrics.jsonl` and TensorBoard, a checkpoint when due, a periodic
+//! evaluation when due, the time budget; and the evaluation after.
+
+use std::time::Instant;
+
+use super::events::{Observer, StepRecord};
+use super::metrics::{EventWriter, JsonlWriter};
+use super::{step, Recipe, TrainError, TrainState};
+use crate::eval::{evaluate, EvalSpec};
+use crate::task::Task;
+
+/// Run the remaining steps of `s`'s recipe, with its evaluations; returns
+/// this session's records.
+pub fn run(s: &mut TrainState, observer: &mut dyn Observer) -> Result<Vec<StepRecord>, TrainError> {
+    let steps = s.cfg.train.steps;
+    // A new event file per session: TensorBoard drops points whose step
+    // went backwards, so a resumed run needs no trimming here.
+    let mut events = EventWriter::create(&s.run_dir.tensorboard())?;
+    let t = &s.cfg.train;
+    if (t.eval_before || t.eval_after || t.eval_every > 0) && s.eval_tasks.is_none() {
+        // Before training, not after the first hour of it.
+        return Err(TrainError::Invalid(
+            "[train] eval_before / eval_after / eval_every need [eval] tasks".into(),
+        ));
+    }
+    let eval_every = s.cfg.train.eval_every;
+    let periodic = |step: u64| eval_every > 0 && step > 0 && step.is_multiple_of(eval_every);
+    if (s.cfg.train.eval_before && s.step == 0)
+        // A session killed between a checkpoint and its evaluation.
+        || (periodic(s.step) && !s.run_dir.eval(s.step).exists())
+    {
+        evaluate_into(s, &mut events, observer)?;
+    }
+    // The time budget counts training only, not the evaluation before,
+    // and carries over resumes: time since the last checkpoint of a killed
+    // session is lost along with its steps, which are redone.
+    let session = Instant::now();
+    let before = s.train_seconds;
+    let budget = s.cfg.train.max_minutes;
+    let spent = |secs: f64| budget > 0.0 && secs >= budget * 60.0;
+    let mut eval_seconds = 0.0;
+    if spent(before) && s.step < steps {
+        observer.on_message(&format!(
+            "the {budget} minute budget ([train] max_minutes) was spent before this session \
+             ({before:.0} s of training up to step {}); nothing left to train",
+            s.step
+        ));
+    }
+    observer.on_start(s.step, steps);
+    let mut metrics = JsonlWriter::open(&s.run_dir.metrics())?;
+    let mut samples_log = JsonlWriter::open(&s.run_dir.samples())?;
+    let mut out = Vec::new();
+    while s.step < steps && !spent(s.train_seconds) {
+        let rec = match s.recipe {
+            Recipe::Rl => step::rl::step(s, &mut samples_log)?,
+            Recipe::Meta(_) => step::meta::step(s, &mut samples_log)?,
+            Recipe::Sft => step::sft::step(s)?,
+        };
+        metrics.write(&rec)?;
+        events.scalars(
+            rec.step as i64,
+            &rec.scalars()
+                .iter()
+                .map(|(k, v)| (k.as_str(), *v as f32))
+                .collect::<Vec<_>>(),
+        )?;
+        events.flush()?;
+        observer.on_step(&rec);
+        out.push(rec);
+        s.step += 1;
+        s.train_seconds = before + session.elapsed().as_secs_f64() - eval_seconds;
+        let every = s.cfg.train.checkpoint_every;
+        let out_of_time = spent(s.train_seconds);
+        if s.step.is_multiple_of(every) || s.step == steps || out_of_time {
+            let d = s.save_checkpoint()?;
+            observer.on_message(&format!("checkpoint {}", d.display()));
+        }
+        if periodic(s.step) && !s.run_dir.eval(s.step).exists() {
+            let t0 = Instant::now();
+            evaluate_into(s, &mut events, observer)?;
+            eval_seconds += t0.elapsed().as_secs_f64();
+        }
+        if out_of_time && s.step < steps {
+            observer.on_message(&format!(
+                "stopping after step {}: the {budget} minute budget ([train] max_minutes) is spent",
+                s.step
+            ));
+            break;
+        }
+    }
+    if s.cfg.train.eval_after && !s.run_dir.eval(s.step).exists() {
+        evaluate_into(s, &mut events, observer)?;
+    }
+    Ok(out)
+}
+
+/// Evaluate the policy as it is now on `[eval]`'s tasks (set with
+/// [`TrainState::with_eval_tasks`]), write `eval/step-N.json` and the
+/// `eval/*` scalars, and hand the result to the observer.
+fn evaluate_into(
+    s: &mut TrainState,
+    events: &mut EventWriter,
+    observer: &mut dyn Observer,
+) -> Result<(), TrainError> {
+    let Some(tasks) = s.eval_tasks else {
+        return Err(TrainError::Invalid(
+            "[train] eval_before / eval_after / eval_every need [eval] tasks".into(),
+        ));
+    };
+    let tasks: Vec<&Task> = tasks.iter().collect();
+    let spec = EvalSpec {
+        instruction: &s.cfg.train.instruction,
+        generation: &s.cfg.generation,
+        eval: &s.cfg.eval,
+        // One seed for every evaluation of the run, so before and after
+        // see the same sampler noise (and `falcon eval` the same too).
+        seed: crate::eval::seed_of(&s.cfg),
+        prompts: None,
+    };
+    observer.on_message(&format!(
+        "evaluating step {} on {} tasks ({} samples each)",
+        s.step,
+        tasks.len(),
+        s.cfg.eval.n
+    ));
+    let result = evaluate(&*s.policy, &tasks, s.sandbox, &spec, &mut |_, _| {})
+        .map_err(|e| TrainError::Invalid(format!("evaluation: {e}")))?;
+    let path = s.run_dir.eval(s.step);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.display())))?;
+    }
+    crate::fsutil::write_atomic(
+        &path,
+        serde_json::to_string_pretty(&result)
+            .expect("eval result serialises")
+            .as_bytes(),
+    )?;
+    let mut scalars: Vec<(String, f32)> = Vec::new();
+    for (k, v) in &result.pass_at {
+        scalars.push((format!("eval/pass@{k}"), *v as f32));
+    }
+    for (k, v) in &result.exec_at {
+        scalars.push((format!("eval/exec@{k}"), *v as f32));
+    }
+    events.scalars(
+        s.step as i64,
+        &scalars
+            .iter()
+            .map(|(k, v)| (k.as_str(), *v))
+            .collect::<Vec<_>>(),
+    )?;
+    events.flush()?;
+    observer.on_eval(s.step, &path, &result);
+    Ok(())
+}

@@ -1,0 +1,449 @@
+//! [`TrainState`]: everything a run carries from step to step (the config
+//! and recipe, the policy and its optimizer, the reward pipeline, `P_error`,
+//! the memories, the rollout strategy's state, the step and the time spent),
+//! built in one place, [`TrainState::new`], which also resumes from the
+//! newest valid checkpoint or starts from `[train] init_from`; and the
+//! checkpoint's contents, saved and loaded here.
+//!
+//! Every source of randomness is seeded from `(run.seed, step)`
+//! ([`TrainState::step_seed`]), so a run resumed from `step-N/` repeats
+//! exactly what an uninterrupted run does.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tch::{Device, Tensor};
+
+use super::checkpoint;
+use super::events::Observer;
+use super::memories::MetaMemory;
+use super::metrics::truncate_after_step;
+use super::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
+use super::{Recipe, TrainError};
+use crate::config::{Job, OptimizerKind, RunConfig};
+use crate::exec::Sandbox;
+use crate::memory::stats::ErrorStats;
+use crate::memory::ShortTerm;
+use crate::model::{weights, ModelSpec, Policy};
+use crate::reward::Rewards;
+use crate::rollout::{training_strategy, Strategy};
+use crate::run_dir::{checkpoint as files, RunDir};
+use crate::task::TaskSet;
+
+/// What a checkpoint's `trainer_state.json` holds besides weights and
+/// optimizer moments.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SavedState {
+    format: u32,
+    /// Steps completed.
+    step: u64,
+    seed: u64,
+    error_stats: ErrorStats,
+    /// `rl` or `sft`; a checkpoint resumes only a run of its own kind.
+    #[serde(default = "rl_kind")]
+    mode: SavedKind,
+    /// Seconds spent in the training loop up to this checkpoint, summed over
+    /// the sessions that resumed it, so `[train] max_minutes` is one budget
+    /// however often the run is killed and resumed (0 in older checkpoints).
+    #[serde(default)]
+    train_seconds: f64,
+}
+
+/// The kind of run a checkpoint belongs to, as `trainer_state.json`
+/// spells it: every RL recipe is `rl` (they share weights and optimizer
+/// state), SFT is `sft`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum SavedKind {
+    Rl,
+    Sft,
+}
+
+impl SavedKind {
+    fn of(recipe: Recipe) -> Self {
+        match recipe {
+            Recipe::Sft => SavedKind::Sft,
+            _ => SavedKind::Rl,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            SavedKind::Rl => "an RL",
+            SavedKind::Sft => "an SFT",
+        }
+    }
+}
+
+fn rl_kind() -> SavedKind {
+    SavedKind::Rl
+}
+
+/// A seed for `step` from the run's master seed: SplitMix64's finaliser
+/// over (seed, step), so seeds are distinct and well spread.
+pub fn mix(seed: u64, step: u64) -> u64 {
+    let mut z = seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) & (i64::MAX as u64)
+}
+
+/// Attach the config's LoRA adapters (when enabled) with their random
+/// initialisation seeded from `run.seed`, so two fresh runs of one config
+/// start from the same weights.
+pub fn prepare_policy(cfg: &RunConfig, policy: &mut Policy) -> Result<(), TrainError> {
+    if cfg.model.lora.enabled {
+        tch::manual_seed(mix(cfg.run.seed, u64::MAX) as i64);
+        policy.attach_lora(&cfg.model.lora)?;
+    }
+    Ok(())
+}
+
+/// The trainable parameters of the policy, sorted by name.
+pub fn trainable(policy: &Policy) -> Vec<(String, Tensor)> {
+    let mut v: Vec<(String, Tensor)> = policy
+        .vs
+        .variables()
+        .into_iter()
+        .filter(|(_, t)| t.requires_grad())
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// Copy the trainable tensors saved at `path` into the policy (every one
+/// must be there with the right shape).
+pub fn load_trainable(policy: &Policy, path: &Path) -> Result<(), TrainError> {
+    let saved = weights::read_all(path)?;
+    for (name, p) in trainable(policy) {
+        let t = saved.get(&name).ok_or_else(|| {
+            TrainError::Invalid(format!(
+                "{}: no tensor `{name}` (was the checkpoint trained with other [model.lora] settings?)",
+                path.display()
+            ))
+        })?;
+        if t.size() != p.size() {
+            return Err(TrainError::Invalid(format!(
+                "{}: `{name}` has shape {:?}, the model {:?} (was the checkpoint trained with other [model.lora] settings?)",
+                path.display(),
+                t.size(),
+                p.size()
+            )));
+        }
+        tch::no_grad(|| p.shallow_clone().copy_(&t.to_kind(p.kind())));
+    }
+    Ok(())
+}
+
+/// The policy a checkpoint holds: its config's base model (on the CPU, in
+/// the config's dtype) with the checkpoint's trainable weights, after the
+/// directory verified against its manifest. For `falcon export` and `falcon
+/// eval --checkpoint`.
+pub fn checkpoint_policy(dir: &Path) -> Result<(RunConfig, Policy), TrainError> {
+    checkpoint::verify(dir)?;
+    let cpath = dir.join(files::CONFIG);
+    let cfg = RunConfig::from_file(&cpath)?;
+    let spec = ModelSpec {
+        device: "cpu",
+        ..ModelSpec::of(&cfg.model)
+    };
+    let mut policy = crate::model::open(&spec)?.policy;
+    prepare_policy(&cfg, &mut policy)?;
+    load_trainable(&policy, &dir.join(files::WEIGHTS))?;
+    Ok((cfg, policy))
+}
+
+/// A run: its config and recipe, where it writes, what it trains with, and
+/// how far it got. The step functions (`step::rl`, `step::meta`,
+/// `step::sft`) read and advance it; nothing else does.
+pub struct TrainState<'a> {
+    pub cfg: RunConfig,
+    pub recipe: Recipe,
+    pub run_dir: RunDir,
+    pub policy: &'a mut Policy,
+    pub tasks: &'a TaskSet,
+    pub sandbox: &'a Sandbox,
+    pub optimizer: Box<dyn Optimizer>,
+    pub schedule: LrSchedule,
+    pub rewards: Rewards<'static>,
+    /// `P_error` over the run (Eq. 11), checkpointed with the weights.
+    pub error_stats: ErrorStats,
+    /// Short- and long-term memory: meta-RL recipes only.
+    pub memory: Option<MetaMemory>,
+    /// The rollout strategy (`[train] strategy`) and what it learned;
+    /// `None` for zero-shot.
+    pub strategy: Option<Box<dyn Strategy>>,
+    /// Steps completed.
+    pub step: u64,
+    /// Training-loop seconds behind `step` (see [`SavedState`]).
+    pub train_seconds: f64,
+    /// `[eval]`'s tasks, for the held-out evaluations.
+    pub eval_tasks: Option<&'a TaskSet>,
+}
+
+impl<'a> TrainState<'a> {
+    /// Set up the run `cfg` describes for `job` in its run directory. With
+    /// `resume`, the newest checkpoint that verifies is loaded (a damaged
+    /// newer one is skipped with a message) and `metrics.jsonl` is cut back
+    /// to it; without, a fresh run starts from `[train] init_from` when set.
+    /// A meta-RL run opens its memories here and, when fresh, fills them
+    /// from the reference solutions (Algorithm 1 line 4).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cfg: RunConfig,
+        job: Job,
+        policy: &'a mut Policy,
+        tasks: &'a TaskSet,
+        sandbox: &'a Sandbox,
+        resume: bool,
+        observer: &mut dyn Observer,
+    ) -> Result<Self, TrainError> {
+        cfg.check(job)?;
+        let recipe = Recipe::of(&cfg, job)?;
+        if tasks.is_empty() {
+            return Err(TrainError::Invalid("the task set is empty".into()));
+        }
+        if recipe == Recipe::Sft {
+            if let Some(t) = tasks.iter().find(|t| t.canonical_solution.is_none()) {
+                return Err(TrainError::Invalid(format!(
+                    "SFT trains on reference solutions, and task {} has none (keep only tasks \
+                     with `canonical_solution`, e.g. by [tasks] tags)",
+                    t.id
+                )));
+            }
+        }
+        if cfg.model.lora.enabled != policy.lora.is_some() {
+            return Err(TrainError::Invalid(
+                "[model.lora] enabled does not match the policy: call prepare_policy first".into(),
+            ));
+        }
+        let t = &cfg.train;
+        let optimizer: Box<dyn Optimizer> = match t.optimizer {
+            OptimizerKind::Adamw => Box::new(AdamW::new(AdamWConfig {
+                weight_decay: t.weight_decay,
+                ..AdamWConfig::default()
+            })?),
+            OptimizerKind::Sgd => Box::new(Sgd::new(SgdConfig {
+                momentum: 0.0,
+                weight_decay: t.weight_decay,
+            })?),
+        };
+        let schedule = LrSchedule {
+            base_lr: t.lr,
+            warmup_steps: t.warmup_steps,
+            total_steps: t.steps,
+            min_lr_ratio: t.min_lr_ratio,
+            kind: t.schedule,
+        };
+        schedule.validate()?;
+        let error_stats =
+            ErrorStats::new(cfg.memory.p_error).map_err(|e| TrainError::Invalid(e.to_string()))?;
+        let rewards = Rewards::new::<Policy>(&cfg.reward, None)?;
+        let run_dir = RunDir::of(&cfg);
+        std::fs::create_dir_all(run_dir.path()).map_err(|e| {
+            TrainError::Invalid(format!(
+                "creating the run directory {}: {e}",
+                run_dir.path().display()
+            ))
+        })?;
+        let mut me = TrainState {
+            cfg,
+            recipe,
+            run_dir,
+            policy,
+            tasks,
+            sandbox,
+            optimizer,
+            schedule,
+            rewards,
+            error_stats,
+            memory: None,
+            strategy: None,
+            step: 0,
+            train_seconds: 0.0,
+            eval_tasks: None,
+        };
+        for gone in checkpoint::remove_leftovers(me.run_dir.path()) {
+            observer.on_message(&format!(
+                "removed an interrupted checkpoint write: {}",
+                gone.display()
+            ));
+        }
+        let mut resumed_from = None;
+        if resume {
+            let found = checkpoint::latest_valid(me.run_dir.path(), |w| observer.on_message(&w))?;
+            match found {
+                Some((step, dir)) => {
+                    me.load_checkpoint(&dir)?;
+                    resumed_from = Some(dir.clone());
+                    if me.step != step {
+                        return Err(TrainError::Invalid(format!(
+                            "{}: trainer state says step {}",
+                            dir.display(),
+                            me.step
+                        )));
+                    }
+                    observer.on_message(&format!("resumed from {} (step {step})", dir.display()));
+                }
+                None => observer.on_message("no checkpoint to resume from; starting at step 0"),
+            }
+        }
+        if me.step == 0 {
+            if let Some(init) = me.cfg.train.init_from.clone() {
+                checkpoint::verify(&init)?;
+                load_trainable(me.policy, &init.join(files::WEIGHTS))?;
+                observer.on_message(&format!("initial weights from {}", init.display()));
+            }
+        }
+        me.strategy = training_strategy(&me.cfg)
+            .map_err(|e| TrainError::Invalid(format!("[train] strategy: {e}")))?;
+        if let (Some(r), Some(dir)) = (me.strategy.as_mut(), &resumed_from) {
+            let path = dir.join(files::ROLLOUT_STATE);
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                TrainError::Invalid(format!(
+                    "{}: {e} (a run with [train] strategy = \"{}\" saves its rollout state there)",
+                    path.display(),
+                    me.cfg.train.strategy.name()
+                ))
+            })?;
+            let state = serde_json::from_str(&text)
+                .map_err(|e| TrainError::Invalid(format!("{}: {e}", path.display())))?;
+            r.load_state(state)
+                .map_err(|e| TrainError::Invalid(format!("{}: {e}", path.display())))?;
+        }
+        if let Recipe::Meta(_) = me.recipe {
+            let mut mem = MetaMemory::open(&me.cfg, me.run_dir.path(), me.step)?;
+            match &resumed_from {
+                Some(dir) => {
+                    mem.short_term =
+                        ShortTerm::load(&dir.join(files::SHORT_TERM), me.policy.device())
+                            .map_err(|e| TrainError::Invalid(format!("short-term memory: {e}")))?;
+                }
+                None => {
+                    let n =
+                        mem.populate(me.policy, me.tasks, me.sandbox, &me.cfg.train.instruction)?;
+                    if n > 0 {
+                        observer.on_message(&format!(
+                            "memory: {n} reference solutions as demonstrations (Algorithm 1 line 4)"
+                        ));
+                    }
+                }
+            }
+            me.memory = Some(mem);
+        }
+        // Lines after the resumed step belong to the lost future.
+        truncate_after_step(&me.run_dir.metrics(), me.step as i64)?;
+        truncate_after_step(&me.run_dir.samples(), me.step as i64)?;
+        Ok(me)
+    }
+
+    /// The held-out tasks of `eval_before` / `eval_after` / `eval_every`.
+    pub fn with_eval_tasks(mut self, tasks: &'a TaskSet) -> Self {
+        self.eval_tasks = Some(tasks);
+        self
+    }
+
+    /// Steps completed so far.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// The seed of the current step: the sampler's, and libtorch's global
+    /// generator's (dropout) once the step starts.
+    pub fn step_seed(&self) -> u64 {
+        mix(self.cfg.run.seed, self.step)
+    }
+
+    fn load_checkpoint(&mut self, dir: &Path) -> Result<(), TrainError> {
+        load_trainable(self.policy, &dir.join(files::WEIGHTS))?;
+        let params = trainable(self.policy);
+        self.optimizer.load(&dir.join(files::OPTIMIZER), &params)?;
+        let spath = dir.join(files::STATE);
+        let text = std::fs::read_to_string(&spath)
+            .map_err(|e| TrainError::Invalid(format!("{}: {e}", spath.display())))?;
+        let st: SavedState = serde_json::from_str(&text)
+            .map_err(|e| TrainError::Invalid(format!("{}: {e}", spath.display())))?;
+        if st.seed != self.cfg.run.seed {
+            return Err(TrainError::Invalid(format!(
+                "{}: the run was started with seed {}, the config says {}; an exact resume needs the same seed",
+                spath.display(),
+                st.seed,
+                self.cfg.run.seed
+            )));
+        }
+        let kind = SavedKind::of(self.recipe);
+        if st.mode != kind {
+            return Err(TrainError::Invalid(format!(
+                "{}: {} checkpoint cannot resume {} run; start the new run under its own \
+                 name with [train] init_from = \"{}\"",
+                spath.display(),
+                st.mode.name(),
+                kind.name(),
+                dir.display()
+            )));
+        }
+        self.step = st.step;
+        self.train_seconds = st.train_seconds;
+        self.error_stats = st.error_stats;
+        Ok(())
+    }
+
+    /// Write `step-N/` for the current step (atomically) and apply the
+    /// retention policy. A run with long-term memory also keeps its
+    /// `P_error` in the memory database, where `falcon memory stats` reads
+    /// it (the checkpoint's copy is the one a resume loads).
+    pub fn save_checkpoint(&mut self) -> Result<PathBuf, TrainError> {
+        if let Some(lt) = self.memory.as_mut().and_then(|m| m.long_term.as_mut()) {
+            self.error_stats
+                .save(lt.entries.store_mut(), self.step)
+                .map_err(|e| TrainError::Memory(e.into()))?;
+        }
+        let params = trainable(self.policy);
+        let state = SavedState {
+            format: 1,
+            step: self.step,
+            seed: self.cfg.run.seed,
+            error_stats: self.error_stats.clone(),
+            mode: SavedKind::of(self.recipe),
+            train_seconds: self.train_seconds,
+        };
+        let cfg_text = self.cfg.to_toml_string()?;
+        let dir = checkpoint::write(
+            self.run_dir.path(),
+            self.step,
+            |d| -> Result<(), TrainError> {
+                weights::save_safetensors(&d.join(files::WEIGHTS), &params, None)?;
+                self.optimizer.save(&d.join(files::OPTIMIZER))?;
+                crate::fsutil::write_atomic(
+                    &d.join(files::STATE),
+                    serde_json::to_string_pretty(&state)
+                        .expect("state serialises")
+                        .as_bytes(),
+                )?;
+                crate::fsutil::write_atomic(&d.join(files::CONFIG), cfg_text.as_bytes())?;
+                if let Some(r) = &self.strategy {
+                    let state = r
+                        .save_state()
+                        .map_err(|e| TrainError::Invalid(format!("rollout state: {e}")))?
+                        .unwrap_or(serde_json::Value::Null);
+                    let text = serde_json::to_string(&state)
+                        .map_err(|e| TrainError::Invalid(format!("rollout state: {e}")))?;
+                    crate::fsutil::write_atomic(&d.join(files::ROLLOUT_STATE), text.as_bytes())?;
+                }
+                if let Some(m) = &self.memory {
+                    m.short_term
+                        .save(&d.join(files::SHORT_TERM))
+                        .map_err(|e| TrainError::Invalid(format!("short-term memory: {e}")))?;
+                }
+                Ok(())
+            },
+        )?;
+        checkpoint::apply_retention(self.run_dir.path(), self.cfg.train.keep_last)?;
+        Ok(dir)
+    }
+
+    /// The device the policy is on.
+    pub fn device(&self) -> Device {
+        self.policy.device()
+    }
+}

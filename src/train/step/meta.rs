@@ -1,0 +1,248 @@
+//! The meta step: FALCON's Algorithm 1 over one task batch. θ's samples
+//! (line 8) and, per task, fast weights θ_i adapted on the task's own
+//! samples, short-term rows and long-term demonstrations (lines 9–11), θ_i
+//! evaluated on the task (line 12), and the outer update from the query
+//! losses (line 14): second-order MAML, first-order MAML or Reptile, as
+//! `[meta] algorithm` says. The outcomes go to both memories.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use tch::Tensor;
+
+use crate::config::{MetaAlgorithm, MetaPrompt};
+use crate::memory::long_term::{Experience, Retrieved};
+use crate::model::Policy;
+use crate::reward::code_in_completion;
+use crate::rollout::{falcon_prompts, task_prompt};
+use crate::task::Task;
+use crate::train::batch::Rollout;
+use crate::train::events::StepRecord;
+use crate::train::maml::{adapt, meta_backward, reptile_update, Adapted, InnerLoop, Weights};
+use crate::train::memories::{demonstrations, OwnedSeq};
+use crate::train::metrics::JsonlWriter;
+use crate::train::optim::{clip_grad_norm, zero_grad};
+use crate::train::state::mix;
+use crate::train::update::{seqs_loss, UpdateSeq};
+use crate::train::{trainable, TrainError, TrainState};
+
+/// Prompts of the step: FALCON's Table 7 with the retrieved history when
+/// long-term memory is on (unless `[meta] prompt = "zero-shot"`), else
+/// zero-shot; and each task's retrieved neighbours (none without long-term
+/// memory), which also supply the demonstrations.
+fn prompts(
+    s: &mut TrainState,
+    tasks: &[&Task],
+) -> Result<(Vec<String>, Vec<Vec<Retrieved>>), TrainError> {
+    let instruction = &s.cfg.train.instruction;
+    let zero_shot =
+        || -> Vec<String> { tasks.iter().map(|t| task_prompt(instruction, t)).collect() };
+    let mem = s.memory.as_mut().expect("meta runs have memory");
+    match mem.long_term.as_mut() {
+        Some(lt) => {
+            let (table7, hits) = falcon_prompts(lt, tasks, s.cfg.memory.top_k)
+                .map_err(|e| TrainError::Invalid(format!("long-term memory: {e}")))?;
+            let prompts = match s.cfg.meta.prompt {
+                MetaPrompt::Table7 => table7,
+                MetaPrompt::ZeroShot => zero_shot(),
+            };
+            Ok((prompts, hits))
+        }
+        None => Ok((zero_shot(), vec![Vec::new(); tasks.len()])),
+    }
+}
+
+/// One meta-step of Algorithm 1 over the step's task batch; its samples
+/// (θ's and each θ_i's) go to `samples_log`.
+pub fn step(s: &mut TrainState, samples_log: &mut JsonlWriter) -> Result<StepRecord, TrainError> {
+    let t = s.cfg.train.clone();
+    let m = s.cfg.meta.clone();
+    let seed = s.step_seed();
+    tch::manual_seed(seed as i64);
+    let tasks = s.step_tasks();
+    let (prompts, hits) = prompts(s, &tasks)?;
+    let mut seconds = BTreeMap::new();
+    let g = t.group_size;
+    // Line 8: generate with θ and record in short-term memory (after the
+    // inner mini-batches are drawn, so they come from earlier steps).
+    let support = s.sample(&tasks, &prompts, g, seed, &mut seconds)?;
+    let q = if m.query_size == 0 { g } else { m.query_size };
+    let inner = InnerLoop {
+        steps: m.inner_steps,
+        lr: m.inner_lr,
+    };
+    let second_order = m.algorithm == MetaAlgorithm::Maml;
+    let theta = trainable(s.policy);
+    zero_grad(&theta);
+    let t_update = Instant::now();
+    let mut loss: BTreeMap<String, f64> = BTreeMap::new();
+    let mut inner_first = 0.0;
+    let mut adapted = Vec::new();
+    let mut queries: Vec<Rollout> = Vec::with_capacity(tasks.len());
+    let support_seqs = support.seqs();
+    let mut outside = 0.0;
+    for (i, task) in tasks.iter().enumerate() {
+        // Line 9: the task's own samples, short-term rows, and passing
+        // neighbours from long-term memory.
+        let mut extra = s
+            .memory
+            .as_mut()
+            .expect("meta runs have memory")
+            .draw(m.short_term_samples);
+        extra.extend(demonstrations(
+            s.policy,
+            &t.instruction,
+            &hits[i],
+            task,
+            m.long_term_demos,
+        )?);
+        let mut batch: Vec<UpdateSeq> = support_seqs[i * g..(i + 1) * g].to_vec();
+        batch.extend(extra.iter().map(OwnedSeq::as_seq));
+        let mb = t.micro_batch;
+        let inner_loss =
+            |p: &mut Policy, sink: &mut dyn FnMut(Tensor) -> Result<(), TrainError>| {
+                seqs_loss(
+                    p,
+                    &batch,
+                    mb,
+                    t.normalization,
+                    &t.loss,
+                    t.shared_prefix,
+                    sink,
+                )
+            };
+        if m.inner_steps == 0 {
+            // No adaptation (θ_i = θ): FALCON's memories and rewards in
+            // a single-level update, the "without the meta-loop" arm.
+            let parts = meta_backward(
+                s.policy,
+                &theta,
+                &Adapted::identity(&theta),
+                &inner,
+                false,
+                inner_loss,
+                inner_loss,
+            )?;
+            for (k, v) in parts {
+                *loss.entry(k).or_insert(0.0) += v;
+            }
+            continue;
+        }
+        // Lines 10–11.
+        let ad = adapt(s.policy, &theta, &inner, inner_loss)?;
+        inner_first += ad.losses.first().copied().unwrap_or(0.0) / tasks.len() as f64;
+        // Line 12: evaluate θ_i on T_i.
+        let before: f64 = seconds.values().sum();
+        let mut slot: Weights = ad
+            .fast
+            .iter()
+            .map(|(n, x)| (n.clone(), x.shallow_clone()))
+            .collect();
+        s.policy.swap_adapters(&mut slot)?;
+        let qr = s.sample(
+            &[*task],
+            &prompts[i..=i],
+            q,
+            mix(seed, i as u64 + 1),
+            &mut seconds,
+        );
+        s.policy.swap_adapters(&mut slot)?;
+        let qr = qr?;
+        outside += seconds.values().sum::<f64>() - before;
+        // Line 14: L_meta = Σ_i L_inner(θ_i) on the evaluation samples.
+        let qs = qr.seqs();
+        let query_loss =
+            |p: &mut Policy, sink: &mut dyn FnMut(Tensor) -> Result<(), TrainError>| {
+                seqs_loss(p, &qs, mb, t.normalization, &t.loss, t.shared_prefix, sink)
+            };
+        let parts = match m.algorithm {
+            MetaAlgorithm::Reptile => {
+                // Logged only: Reptile's update does not use the query loss.
+                let parts = tch::no_grad(|| {
+                    s.policy
+                        .with_adapters(&ad.fast, |p| query_loss(p, &mut |_| Ok(())))
+                })??;
+                adapted.push(ad.fast);
+                parts
+            }
+            _ => meta_backward(
+                s.policy,
+                &theta,
+                &ad,
+                &inner,
+                second_order,
+                inner_loss,
+                query_loss,
+            )?,
+        };
+        drop(qs);
+        for (k, v) in parts {
+            *loss.entry(k).or_insert(0.0) += v;
+        }
+        queries.push(qr);
+    }
+    if m.inner_steps > 0 {
+        loss.insert("inner".into(), inner_first);
+    }
+    let lr = s.schedule.lr_at(s.step);
+    let grad_norm = if m.algorithm == MetaAlgorithm::Reptile {
+        reptile_update(&theta, &adapted, m.reptile_eps)?;
+        0.0
+    } else {
+        let n = clip_grad_norm(&theta, t.grad_clip);
+        if n.is_finite() {
+            s.optimizer.step(&theta, lr)?;
+        }
+        zero_grad(&theta);
+        n
+    };
+    seconds.insert(
+        "update".to_owned(),
+        (t_update.elapsed().as_secs_f64() - outside).max(0.0),
+    );
+    // Outcomes go to both memories.
+    let mem = s.memory.as_mut().expect("meta runs have memory");
+    mem.remember_samples(&support)?;
+    for qr in &queries {
+        mem.remember_samples(qr)?;
+    }
+    // Long-term memory records the evaluated samples: θ_i's, or θ's own
+    // when there is no adaptation (inner_steps = 0).
+    let evaluated: Vec<(&Rollout, &[&Task])> = if queries.is_empty() {
+        vec![(&support, &tasks[..])]
+    } else {
+        queries
+            .iter()
+            .enumerate()
+            .map(|(i, qr)| (qr, &tasks[i..=i]))
+            .collect()
+    };
+    let mut experiences = Vec::new();
+    for (ro, ts) in evaluated {
+        for (j, c) in ro.comps.iter().enumerate() {
+            let task = ts[j / ro.group];
+            experiences.push(Experience {
+                step: s.step + 1,
+                task_id: task.id.clone(),
+                task_text: task.prompt.clone(),
+                code: code_in_completion(&c.text).1.to_owned(),
+                report: ro.reports[j].clone(),
+                rewards: ro.breakdowns[j]
+                    .as_ref()
+                    .map(|b| b.terms.clone())
+                    .unwrap_or_default(),
+            });
+        }
+    }
+    if let Some(lt) = mem.long_term.as_mut() {
+        lt.insert(&experiences)
+            .map_err(|e| TrainError::Invalid(format!("long-term memory: {e}")))?;
+    }
+    s.log_samples(samples_log, &support, &tasks)?;
+    for (i, qr) in queries.iter().enumerate() {
+        s.log_samples(samples_log, qr, &tasks[i..=i])?;
+    }
+    let mut all: Vec<&Rollout> = vec![&support];
+    all.extend(queries.iter());
+    Ok(s.record(lr, loss, grad_norm, &all, seconds))
+}

@@ -1,0 +1,35 @@
+//! The single-level RL step (the baseline the meta-step wraps): the step's
+//! tasks → zero-shot prompts (or the rollout strategy's) → `group_size`
+//! samples each → sandbox → rewards by name → advantages → losses →
+//! optimizer step.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use crate::rollout::task_prompt;
+use crate::train::events::StepRecord;
+use crate::train::metrics::JsonlWriter;
+use crate::train::update::update;
+use crate::train::{TrainError, TrainState};
+
+/// One single-level step; its samples go to `samples_log`.
+pub fn step(s: &mut TrainState, samples_log: &mut JsonlWriter) -> Result<StepRecord, TrainError> {
+    let t = s.cfg.train.clone();
+    let seed = s.step_seed();
+    // Dropout and anything else on libtorch's global generator.
+    tch::manual_seed(seed as i64);
+    let tasks = s.step_tasks();
+    let prompts: Vec<String> = tasks
+        .iter()
+        .map(|task| task_prompt(&t.instruction, task))
+        .collect();
+    let mut seconds = BTreeMap::new();
+    let ro = s.sample(&tasks, &prompts, t.group_size, seed, &mut seconds)?;
+
+    let t0 = Instant::now();
+    let lr = s.schedule.lr_at(s.step);
+    let (loss, grad_norm) = update(s.policy, s.optimizer.as_mut(), &t, &ro.seqs(), lr, &t.loss)?;
+    seconds.insert("update".to_owned(), t0.elapsed().as_secs_f64());
+    s.log_samples(samples_log, &ro, &tasks)?;
+    Ok(s.record(lr, loss, grad_norm, &[&ro], seconds))
+}

@@ -1,0 +1,399 @@
+//! The policy update, shared by every step: sequences of (prompt,
+//! completion, advantage, spans) cut into micro-batches whose losses add up
+//! exactly to the whole batch's (each term scaled by its share of the batch's
+//! normaliser), optionally running each shared prompt once, with the KL
+//! reference from the base model; and the SFT example format.
+
+use std::collections::BTreeMap;
+
+use tch::{Device, Kind, Tensor};
+
+use super::losses::{
+    fine_grained_loss, kl_penalty, pg_loss, sl_loss, token_logprobs, total_loss, PgBatch,
+};
+use super::optim::{clip_grad_norm, zero_grad, Optimizer};
+use super::{trainable, TrainError};
+use crate::config::{LossWeights, Normalization, TrainConfig};
+use crate::model::autocast::{kind_of, with_autocast};
+use crate::model::{ChatMessage, Policy};
+use crate::reward::TokenSpan;
+
+/// Token ids of one SFT example: the prompt exactly as generation sees it
+/// (chat template with the generation prompt), and the answer as the
+/// template renders an assistant turn after it, end-of-turn included. A
+/// template whose full rendering does not extend the prompt's gets the
+/// answer followed by the first end-of-sequence id.
+pub fn sft_example(
+    policy: &Policy,
+    prompt: &str,
+    answer: &str,
+) -> Result<(Vec<i64>, Vec<i64>), TrainError> {
+    let tok = policy.tokenizer()?;
+    let user = [ChatMessage::new("user", prompt)];
+    let head = tok.apply_chat_template(&user, true)?;
+    let full = tok.apply_chat_template(
+        &[user[0].clone(), ChatMessage::new("assistant", answer)],
+        false,
+    )?;
+    let prompt_ids = tok.encode(&head, false)?;
+    let answer_ids = match full.strip_prefix(&head) {
+        Some(rest) => tok.encode(rest.trim_end_matches('\n'), false)?,
+        None => {
+            let mut ids = tok.encode(answer, false)?;
+            ids.extend(tok.eos_ids().iter().next().copied());
+            ids
+        }
+    };
+    Ok((prompt_ids, answer_ids))
+}
+
+/// One sequence of an update batch: prompt and completion token ids, the
+/// sample's advantage, whether it passed (for `L_sl`) and its fine-grained
+/// spans in completion-token coordinates.
+#[derive(Clone, Copy)]
+pub struct UpdateSeq<'s> {
+    pub prompt_ids: &'s [i64],
+    pub completion_ids: &'s [i64],
+    pub advantage: f64,
+    pub passed: bool,
+    pub spans: &'s [TokenSpan],
+}
+
+/// A micro-batch's tensors, padded to its own longest sequence.
+struct MicroBatch {
+    ids: Tensor,
+    valid: Tensor,
+    /// Column 0 of the masks and log-probs predicts token `start + 1`.
+    start: i64,
+    /// `[b, T-1-start]`: column c predicts a completion token.
+    mask: Tensor,
+    sl_mask: Tensor,
+    advantages: Tensor,
+    spans: Vec<Vec<TokenSpan>>,
+    offsets: Vec<i64>,
+    /// Its share of each term's whole-batch normaliser, by term name.
+    share: BTreeMap<&'static str, f64>,
+    reference: Option<Tensor>,
+    old: Option<Tensor>,
+    /// Set when samples of the micro-batch share prompts and
+    /// `[train] shared_prefix` is on.
+    prefix: Option<SharedPrefix>,
+}
+
+/// How a micro-batch runs with each distinct prompt once
+/// ([`crate::model::Decoder::shared_prefix_logprobs`]).
+struct SharedPrefix {
+    prompts: Vec<Vec<i64>>,
+    /// Row i's prompt is `prompts[rows[i]]`.
+    rows: Vec<i64>,
+    completions: Vec<Vec<i64>>,
+    /// `[b, T-1-start]`: for each column of the micro-batch's layout, the
+    /// completion token it predicts (clamped where it predicts none).
+    gather: Tensor,
+}
+
+impl SharedPrefix {
+    /// `None` when no two sequences share a prompt (nothing to save).
+    fn plan(seqs: &[&UpdateSeq], start: usize, w: usize, device: Device) -> Option<Self> {
+        let (distinct, rows) =
+            crate::model::decoder::distinct_rows(seqs.iter().map(|s| s.prompt_ids));
+        if distinct.len() == seqs.len() || seqs.iter().any(|s| s.prompt_ids.is_empty()) {
+            return None;
+        }
+        let l = seqs
+            .iter()
+            .map(|s| s.completion_ids.len())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let b = seqs.len();
+        let mut gather = vec![0i64; b * w];
+        for (i, s) in seqs.iter().enumerate() {
+            // Column c predicts token c + start + 1 of the full sequence,
+            // which is completion token c + start + 1 - p.
+            let p = s.prompt_ids.len() as i64;
+            for c in 0..w {
+                let j = c as i64 + start as i64 + 1 - p;
+                gather[i * w + c] = j.clamp(0, l as i64 - 1);
+            }
+        }
+        let (b, w) = (b as i64, w as i64);
+        Some(SharedPrefix {
+            prompts: distinct.iter().map(|p| p.to_vec()).collect(),
+            rows,
+            completions: seqs.iter().map(|s| s.completion_ids.to_vec()).collect(),
+            gather: Tensor::from_slice(&gather).view([b, w]).to_device(device),
+        })
+    }
+}
+
+/// The normalisers of the loss terms for a set of sequences: completion
+/// tokens (`pg` token mean, `kl`), sequences with any completion token
+/// (`pg` sequence mean), passing-completion tokens (`sl`) and span terms
+/// (`fine`).
+fn normalisers(seqs: &[&UpdateSeq], norm: Normalization) -> BTreeMap<&'static str, f64> {
+    let tokens: usize = seqs.iter().map(|s| s.completion_ids.len()).sum();
+    let nonempty = seqs.iter().filter(|s| !s.completion_ids.is_empty()).count();
+    let sl: usize = seqs
+        .iter()
+        .filter(|s| s.passed)
+        .map(|s| s.completion_ids.len())
+        .sum();
+    let spans: Vec<Vec<TokenSpan>> = seqs.iter().map(|s| s.spans.to_vec()).collect();
+    let offsets: Vec<i64> = seqs.iter().map(|s| s.prompt_ids.len() as i64 - 1).collect();
+    let t = seqs
+        .iter()
+        .map(|s| s.prompt_ids.len() + s.completion_ids.len())
+        .max()
+        .unwrap_or(2)
+        .max(2) as i64
+        - 1;
+    let fine = super::losses::fine_grained_terms(&spans, &offsets, t);
+    let pg = match norm {
+        Normalization::TokenMean => tokens,
+        Normalization::SequenceMean => nonempty,
+    };
+    BTreeMap::from([
+        ("pg", pg as f64),
+        ("kl", tokens as f64),
+        ("sl", sl as f64),
+        ("fine", fine as f64),
+    ])
+}
+
+fn micro_batch(seqs: &[&UpdateSeq], device: Device, shared_prefix: bool) -> MicroBatch {
+    let b = seqs.len();
+    let tmax = seqs
+        .iter()
+        .map(|s| s.prompt_ids.len() + s.completion_ids.len())
+        .max()
+        .unwrap_or(2)
+        .max(2);
+    // Predictions before the shortest prompt's last token are never scored,
+    // so the vocabulary projection (and its log-softmax) skips them.
+    let start = seqs
+        .iter()
+        .map(|s| s.prompt_ids.len().saturating_sub(1))
+        .min()
+        .unwrap_or(0)
+        .min(tmax - 2);
+    let w = tmax - 1 - start;
+    let mut ids = vec![0i64; b * tmax];
+    let mut valid = vec![false; b * tmax];
+    let mut mask = vec![false; b * w];
+    let mut sl_mask = vec![false; b * w];
+    for (i, s) in seqs.iter().enumerate() {
+        let (p, n) = (s.prompt_ids.len(), s.completion_ids.len());
+        for (j, &id) in s.prompt_ids.iter().chain(s.completion_ids).enumerate() {
+            ids[i * tmax + j] = id;
+            valid[i * tmax + j] = true;
+        }
+        for j in p.saturating_sub(1)..(p + n).saturating_sub(1) {
+            mask[i * w + j - start] = true;
+            sl_mask[i * w + j - start] = s.passed;
+        }
+    }
+    let (b, t, w) = (b as i64, tmax as i64, w as i64);
+    let adv: Vec<f64> = seqs.iter().map(|s| s.advantage).collect();
+    MicroBatch {
+        ids: Tensor::from_slice(&ids).view([b, t]).to_device(device),
+        valid: Tensor::from_slice(&valid).view([b, t]).to_device(device),
+        start: start as i64,
+        mask: Tensor::from_slice(&mask).view([b, w]).to_device(device),
+        sl_mask: Tensor::from_slice(&sl_mask).view([b, w]).to_device(device),
+        advantages: Tensor::from_slice(&adv)
+            .to_kind(Kind::Float)
+            .to_device(device),
+        spans: seqs.iter().map(|s| s.spans.to_vec()).collect(),
+        offsets: seqs
+            .iter()
+            .map(|s| s.prompt_ids.len() as i64 - 1 - start as i64)
+            .collect(),
+        share: BTreeMap::new(),
+        reference: None,
+        old: None,
+        prefix: if shared_prefix {
+            SharedPrefix::plan(seqs, start, w as usize, device)
+        } else {
+            None
+        },
+    }
+}
+
+/// `log p` of the next tokens `start+1..T` of the micro-batch, `[b, T-1-start]`.
+fn batch_logprobs(policy: &Policy, mb: &MicroBatch, train: bool) -> Result<Tensor, TrainError> {
+    if let Some(sp) = &mb.prefix {
+        let prompts: Vec<&[i64]> = sp.prompts.iter().map(Vec::as_slice).collect();
+        let comps: Vec<&[i64]> = sp.completions.iter().map(Vec::as_slice).collect();
+        let by_token = policy
+            .model
+            .shared_prefix_logprobs(&prompts, &sp.rows, &comps, train)?;
+        // Into the micro-batch's layout; columns that predict no completion
+        // token are masked by every term, and 0 keeps them finite.
+        let cols = by_token.gather(1, &sp.gather, false);
+        return Ok(cols.where_self(&mb.mask, &cols.zeros_like()));
+    }
+    let t = mb.ids.size()[1];
+    let w = t - 1 - mb.start;
+    let logits = policy.model.forward(
+        &mb.ids,
+        Some(&mb.valid),
+        None,
+        crate::model::LogitsFor::From(mb.start),
+        train,
+    )?;
+    Ok(token_logprobs(
+        &logits.narrow(1, 0, w),
+        &mb.ids.narrow(1, mb.start + 1, w),
+    ))
+}
+
+/// The weighted loss of one micro-batch from its log-probs (`old`: those
+/// of the policy that generated it, for the PPO ratio), each term scaled by
+/// the micro-batch's share of the whole batch's normaliser; and every term's
+/// value.
+fn mb_loss(
+    mb: &MicroBatch,
+    logp: &Tensor,
+    old: Tensor,
+    clip: Option<f64>,
+    norm: Normalization,
+    w: &LossWeights,
+) -> Result<(Tensor, BTreeMap<String, f64>), TrainError> {
+    let batch = PgBatch {
+        old_logprobs: old,
+        logprobs: logp.shallow_clone(),
+        ref_logprobs: None,
+        mask: mb.mask.shallow_clone(),
+        advantages: mb.advantages.shallow_clone(),
+    };
+    let pg = pg_loss(&batch, clip, norm) * mb.share["pg"];
+    let fine = fine_grained_loss(logp, &mb.spans, &mb.offsets)
+        .map_err(|e| TrainError::Invalid(e.to_string()))?
+        * mb.share["fine"];
+    let sl = sl_loss(logp, &mb.sl_mask) * mb.share["sl"];
+    let mut terms = vec![("pg", pg, w.pg), ("fine", fine, w.fine), ("sl", sl, w.sl)];
+    if let Some(r) = &mb.reference {
+        terms.push(("kl", kl_penalty(logp, r, &mb.mask) * mb.share["kl"], w.kl));
+    }
+    Ok(total_loss(&terms))
+}
+
+/// `seqs` in micro-batches of at most `size` sequences (0 = one), each
+/// with its share of every term's whole-batch normaliser, so that their
+/// losses add up to the one-pass loss; with `kl`, each also carries the
+/// base model's log-probs (the reference: the same weights with every
+/// adapter switched off).
+fn micro_batches(
+    policy: &mut Policy,
+    seqs: &[UpdateSeq],
+    size: usize,
+    norm: Normalization,
+    kl: bool,
+    shared_prefix: bool,
+) -> Result<Vec<MicroBatch>, TrainError> {
+    let all: Vec<&UpdateSeq> = seqs.iter().collect();
+    let whole = normalisers(&all, norm);
+    let size = if size == 0 { all.len() } else { size }.max(1);
+    let mut out = Vec::new();
+    for chunk in all.chunks(size) {
+        let mut mb = micro_batch(chunk, policy.device(), shared_prefix);
+        mb.share = normalisers(chunk, norm)
+            .iter()
+            .map(|(k, v)| (*k, v / whole[k].max(1.0)))
+            .collect();
+        if kl {
+            policy.set_lora_enabled(false);
+            let r = tch::no_grad(|| batch_logprobs(policy, &mb, false));
+            policy.set_lora_enabled(true);
+            mb.reference = Some(r?);
+        }
+        out.push(mb);
+    }
+    Ok(out)
+}
+
+/// The on-policy loss of `seqs` (no ratio clipping) with the policy as it
+/// is now (fast weights included), in micro-batches of at most `size`
+/// sequences: `piece` gets each micro-batch's loss with its graph (they add
+/// up to the one-pass loss), and the summed term values, `total` included,
+/// come back. MAML's `L_inner`, whose passes then hold one micro-batch's
+/// activations at a time.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn seqs_loss(
+    policy: &mut Policy,
+    seqs: &[UpdateSeq],
+    size: usize,
+    norm: Normalization,
+    w: &LossWeights,
+    shared_prefix: bool,
+    piece: &mut dyn FnMut(Tensor) -> Result<(), TrainError>,
+) -> Result<BTreeMap<String, f64>, TrainError> {
+    let mut sum: BTreeMap<String, f64> = BTreeMap::new();
+    for mb in micro_batches(policy, seqs, size, norm, w.kl > 0.0, shared_prefix)? {
+        let logp = batch_logprobs(policy, &mb, true)?;
+        let old = logp.detach();
+        let (l, parts) = mb_loss(&mb, &logp, old, None, norm, w)?;
+        *sum.entry("total".into()).or_insert(0.0) += l.double_value(&[]);
+        for (k, v) in parts {
+            *sum.entry(k).or_insert(0.0) += v;
+        }
+        piece(l)?;
+    }
+    Ok(sum)
+}
+
+/// The policy update on one generated batch: `ppo_epochs` optimizer
+/// steps, each accumulating the gradients of the batch's micro-batches.
+/// Every term is scaled by its micro-batch's share of the whole batch's
+/// normaliser, so the accumulated loss and gradient equal those of the
+/// batch in one pass. Returns the first epoch's loss terms (the
+/// on-policy values) and gradient norm.
+pub(super) fn update(
+    policy: &mut Policy,
+    optimizer: &mut dyn Optimizer,
+    t: &TrainConfig,
+    seqs: &[UpdateSeq],
+    lr: f64,
+    w: &LossWeights,
+) -> Result<(BTreeMap<String, f64>, f64), TrainError> {
+    // Forward passes only: backward replays the dtypes they recorded.
+    let (dev, ac) = (policy.device(), kind_of(t.autocast));
+    let mut micro = with_autocast(dev, ac, || {
+        micro_batches(
+            policy,
+            seqs,
+            t.micro_batch,
+            t.normalization,
+            w.kl > 0.0,
+            t.shared_prefix,
+        )
+    })??;
+    let clip = (t.ppo_epochs > 1).then_some(t.clip_eps);
+    let params = trainable(policy);
+    let mut first: Option<(BTreeMap<String, f64>, f64)> = None;
+    for _epoch in 0..t.ppo_epochs {
+        zero_grad(&params);
+        let mut loss: BTreeMap<String, f64> = BTreeMap::new();
+        for mb in micro.iter_mut() {
+            let logp = with_autocast(dev, ac, || batch_logprobs(policy, mb, true))??;
+            let old = mb.old.get_or_insert_with(|| logp.detach()).shallow_clone();
+            let (total, parts) = mb_loss(mb, &logp, old, clip, t.normalization, w)?;
+            *loss.entry("total".into()).or_insert(0.0) += total.double_value(&[]);
+            for (k, v) in parts {
+                *loss.entry(k).or_insert(0.0) += v;
+            }
+            if total.requires_grad() {
+                total.backward();
+            }
+        }
+        let grad_norm = clip_grad_norm(&params, t.grad_clip);
+        // A step whose gradient is not finite is skipped, not applied.
+        if grad_norm.is_finite() {
+            optimizer.step(&params, lr)?;
+        }
+        zero_grad(&params);
+        first.get_or_insert((loss, grad_norm));
+    }
+    Ok(first.expect("ppo_epochs >= 1"))
+}
