@@ -152,13 +152,13 @@ def run_arm(arm, a):
     t0 = time.time()
     if spec is None:
         out = os.path.join(d, "eval.json")
-        falcon("eval", "--config", cpath, "--checkpoint", SFT, "--out", out)
+        falcon("eval", "--config", cpath, "--checkpoint", SFT, "--out", out, "--overwrite")
         steps, curve = 0, []
     else:
-        # An arm killed part-way resumes from its last checkpoint; the budget
-        # ([train] max_minutes) counts over resumes, so it still gets no more.
-        started = any(n.startswith("step-") for n in os.listdir(d))
-        falcon("train", "--config", cpath, *(["--resume"] if started else []))
+        # An arm killed part-way resumes from its last checkpoint (one killed
+        # before its first starts over); the budget ([train] max_minutes)
+        # counts over resumes, so it still gets no more.
+        falcon("train", "--config", cpath, "--resume")
         metrics = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))]
         steps = len(metrics)
         curve = [round(m["pass_rate"], 3) for m in metrics]
@@ -232,7 +232,7 @@ def extra_eval(arm, r, path):
         f.write(text)
     out = os.path.join(d, f"{stem}.json")
     print(f"arm {arm}: {weights} on {path}", file=sys.stderr)
-    falcon("eval", "--config", cpath, "--checkpoint", weights, "--out", out)
+    falcon("eval", "--config", cpath, "--checkpoint", weights, "--out", out, "--overwrite")
     os.makedirs(kept_dir(), exist_ok=True)
     copy_atomic(out, kept)
     return kept

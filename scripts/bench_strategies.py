@@ -379,7 +379,9 @@ def main():
                   file=sys.stderr, flush=True)
         print(f"[bench] {name}: falcon eval --config {cfg}", file=sys.stderr, flush=True)
         t0 = time.time()
-        proc = subprocess.Popen([falcon_bin, "eval", "--config", cfg, "--out", out])
+        # Continue kept groups; a stale finished result (other sizes) is replaced.
+        again = ["--resume"] if os.path.isdir(partial) else ["--overwrite"] if os.path.exists(out) else []
+        proc = subprocess.Popen([falcon_bin, "eval", "--config", cfg, "--out", out, *again])
         while True:
             try:
                 rc = proc.wait(timeout=30)

@@ -139,7 +139,7 @@ def train_check(bin_, model, work, label, train_extra, meta):
     # would stall the run.
     log_path = os.path.join(work, name + ".log")
     with open(log_path, "w") as log_f:
-        proc = subprocess.Popen([bin_, "train", "--config", cfg], stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen([bin_, "train", "--config", cfg, "--overwrite"], stdout=subprocess.DEVNULL,
                                 stderr=log_f)
         peak = 0
         while proc.poll() is None:

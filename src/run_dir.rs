@@ -55,6 +55,19 @@ pub mod checkpoint {
     pub const CONFIG: &str = super::CONFIG;
 }
 
+/// How a command begins where an earlier one may have written: a run
+/// directory, or an evaluation's result file and its partial groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Start anew; refused when there is already something there, so a
+    /// rerun never appends to an old run or result by accident.
+    New,
+    /// Continue what is there (a new start when there is nothing).
+    Resume,
+    /// Delete what is there, then start anew.
+    Overwrite,
+}
+
 /// A run directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunDir(PathBuf);
@@ -115,6 +128,51 @@ impl RunDir {
     pub fn checkpoint(&self, step: u64) -> PathBuf {
         step_dir(&self.0, step)
     }
+
+    /// What a run has left here (steps, checkpoints, evaluations, memory),
+    /// in words; `None` when the directory holds no run: it is missing, or
+    /// holds at most the resolved config a run writes before its first step.
+    pub fn existing_run(&self) -> Option<String> {
+        let mut found = Vec::new();
+        let lines = std::fs::read_to_string(self.metrics())
+            .map(|t| t.lines().filter(|l| !l.trim().is_empty()).count())
+            .unwrap_or(0);
+        if lines > 0 {
+            found.push(format!("{lines} steps in {METRICS}"));
+        } else if self.metrics().exists() || self.samples().exists() {
+            found.push(format!("{METRICS} or {SAMPLES}"));
+        }
+        let mut steps: Vec<u64> = std::fs::read_dir(&self.0)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| parse_step_dir(&e.file_name().to_string_lossy()))
+            .collect();
+        steps.sort_unstable();
+        match steps.as_slice() {
+            [] => {}
+            [one] => found.push(format!("checkpoint step-{one}")),
+            [first, .., last] => found.push(format!("checkpoints step-{first} to step-{last}")),
+        }
+        let evals = std::fs::read_dir(self.eval_dir())
+            .map(|d| d.count())
+            .unwrap_or(0);
+        if evals > 0 {
+            found.push(format!("{evals} held-out evaluations in {EVAL}/"));
+        }
+        if self.memory_db().exists() {
+            found.push(format!("a memory database ({MEMORY_DB})"));
+        }
+        (!found.is_empty()).then(|| found.join(", "))
+    }
+
+    /// Delete the run directory and everything in it (`--overwrite`).
+    pub fn remove(&self) -> std::io::Result<()> {
+        match std::fs::remove_dir_all(&self.0) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            r => r,
+        }
+    }
 }
 
 /// `run_dir/step-N`.
@@ -144,6 +202,27 @@ mod tests {
         for bad in ["step-", "step-+1", "step-1a", "step12", "step--1"] {
             assert_eq!(parse_step_dir(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn an_existing_run_is_described_and_a_fresh_directory_is_not() {
+        let tmp = std::env::temp_dir().join(format!("falcon-run-dir-{}", std::process::id()));
+        let d = RunDir::new(&tmp);
+        assert_eq!(d.existing_run(), None, "missing");
+        std::fs::create_dir_all(&tmp).unwrap();
+        std::fs::write(d.config(), "").unwrap();
+        assert_eq!(d.existing_run(), None, "only the config a run writes first");
+        std::fs::write(d.metrics(), "{}\n{}\n").unwrap();
+        std::fs::create_dir_all(d.checkpoint(2)).unwrap();
+        std::fs::create_dir_all(d.checkpoint(4)).unwrap();
+        let what = d.existing_run().unwrap();
+        assert!(
+            what.contains("2 steps in metrics.jsonl") && what.contains("step-2 to step-4"),
+            "{what}"
+        );
+        d.remove().unwrap();
+        assert!(!tmp.exists());
+        d.remove().unwrap();
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use falcon_rl::config::{Job, RunConfig};
-use falcon_rl::train::{load, Silent};
+use falcon_rl::train::{load, Silent, Start};
 
 use crate::common::{root, tmpdir};
 
@@ -36,7 +36,7 @@ fn cli_check(cfg: &RunConfig, job: Job, file: &Path) -> (bool, String) {
 fn constructor(cfg: &RunConfig, job: Job) -> Result<(), String> {
     let mut loaded = load(cfg, job, &mut Silent).map_err(|e| e.to_string())?;
     loaded
-        .state(cfg, job, false, &mut Silent)
+        .state(cfg, job, Start::New, &mut Silent)
         .map(|_| ())
         .map_err(|e| e.to_string())
 }
@@ -44,7 +44,10 @@ fn constructor(cfg: &RunConfig, job: Job) -> Result<(), String> {
 /// Runs both sides; panics naming the case when they disagree. Returns
 /// whether the config was accepted.
 fn agree(case: &str, mut cfg: RunConfig, job: Job, out: &Path) -> bool {
-    cfg.run.output_dir = out.join("runs");
+    // Each case its own output directory: a run one case opened must not
+    // be in the way of the next.
+    let n = std::fs::read_dir(out).map_or(0, |d| d.count());
+    cfg.run.output_dir = out.join(format!("runs-{n}"));
     // Its own uids, apart from the sandboxes of tests running beside it.
     cfg.exec.uid_base = 63200;
     let (checked, text) = cli_check(&cfg, job, &out.join("check.toml"));
@@ -78,6 +81,13 @@ fn config_check_and_the_trainer_accept_the_same_configs() {
     names.sort();
     assert!(names.len() >= 4, "{names:?}");
     for name in &names {
+        if name.starts_with("eval-") {
+            // An evaluation config trains nothing: it must pass the check
+            // `falcon eval` runs, as shipped.
+            let (ok, text) = cli_check(&shipped(name), Job::Eval, &out.join("eval.toml"));
+            assert!(ok, "{name}: {text}");
+            continue;
+        }
         let job = if name.contains("sft") {
             Job::Sft
         } else {

@@ -967,6 +967,22 @@ fn falcon_eval_runs_a_strategy_from_the_config() {
     let o = falcon(&dir.path().join("s.json"));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
+        o.status.code() == Some(2) && err.contains("--resume"),
+        "without --resume it is not touched: {err}"
+    );
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_falcon"))
+        .args([
+            "eval",
+            "--config",
+            cfg_path.to_str().unwrap(),
+            "--resume",
+            "--out",
+        ])
+        .arg(dir.path().join("s.json"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
         !o.status.success() && err.contains("another config"),
         "{err}"
     );

@@ -9,7 +9,7 @@ use falcon_rl::config::{Job, RunConfig};
 use falcon_rl::exec::Sandbox;
 use falcon_rl::model::{hub, Dtype, Policy};
 use falcon_rl::task::{LoadOptions, TaskFormat, TaskSet};
-use falcon_rl::train::{prepare_policy, trainable, Silent, StepRecord, TrainState};
+use falcon_rl::train::{prepare_policy, trainable, Silent, Start, StepRecord, TrainState};
 use tch::{Device, Tensor};
 
 use crate::common::tmpdir;
@@ -130,7 +130,7 @@ fn run_with(
             &mut policy,
             &tasks,
             &sandbox,
-            resume,
+            if resume { Start::Resume } else { Start::New },
             &mut Silent,
         )
         .unwrap()
@@ -180,7 +180,7 @@ fn smoke_train_changes_only_trainable_weights() {
             &mut policy,
             &tasks,
             &sandbox,
-            false,
+            Start::New,
             &mut Silent,
         )
         .unwrap();
@@ -567,7 +567,7 @@ fn sft_fits_reference_solutions_and_warm_starts_rl() {
         &mut policy,
         &all,
         &sandbox,
-        true,
+        Start::Resume,
         &mut Silent,
     )
     .err()

@@ -13,6 +13,7 @@ use falcon_rl::train::ablate::{
     finish_variant, prepare_variant, summary_markdown, write_summary, AblateError, Grid,
     VariantState,
 };
+use falcon_rl::train::Start;
 
 #[derive(Args)]
 pub struct AblateArgs {
@@ -102,8 +103,8 @@ pub fn run(args: AblateArgs) -> Result<()> {
             if resume { ", resuming" } else { "" },
             RunDir::of(cfg).path().display()
         );
-        super::train::train(cfg, Job::Train, resume)
-            .with_context(|| format!("variant `{name}`"))?;
+        let start = if resume { Start::Resume } else { Start::New };
+        super::train::train(cfg, Job::Train, start).with_context(|| format!("variant `{name}`"))?;
         rows.push(finish_variant(cfg).map_err(ablate_error)?);
     }
     let files = write_summary(&grid, &out, &rows).map_err(ablate_error)?;

@@ -9,10 +9,11 @@ use clap::{Args, Subcommand};
 
 use super::{open_policy, usage, Progress, UsageError};
 use falcon_rl::config::{Job, RunConfig, StrategyKind};
-use falcon_rl::eval::job::{needs_policy, partial_dir, Progress as EvalProgress};
+use falcon_rl::eval::job::{needs_policy, partial_dir, prepare_output, Progress as EvalProgress};
 use falcon_rl::eval::{eval_tasks, rescore, EvalError, EvalResult};
 use falcon_rl::exec::Sandbox;
 use falcon_rl::model::ModelSpec;
+use falcon_rl::run_dir::Start;
 
 #[derive(Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -33,6 +34,13 @@ pub struct EvalArgs {
     /// searched with `[memory] embedder`) instead of the zero-shot prompt.
     #[arg(long, value_name = "RUN_DIR")]
     memory: Option<PathBuf>,
+    /// Continue the partial evaluation kept beside --out (`[eval]
+    /// checkpoint_tasks`).
+    #[arg(long, conflicts_with = "overwrite")]
+    resume: bool,
+    /// Replace an earlier evaluation at --out (and its partial groups).
+    #[arg(long)]
+    overwrite: bool,
 }
 
 #[derive(Subcommand)]
@@ -109,6 +117,16 @@ pub fn run(args: EvalArgs) -> Result<()> {
         cfg.strategy.memory_run = Some(run.clone());
     }
     cfg.check(Job::Eval).map_err(usage)?;
+    if let Some(out) = &args.out {
+        let start = match (args.resume, args.overwrite) {
+            (true, _) => Start::Resume,
+            (_, true) => Start::Overwrite,
+            _ => Start::New,
+        };
+        prepare_output(out, start).map_err(usage)?;
+    } else if args.resume || args.overwrite {
+        return Err(usage("--resume and --overwrite go with --out FILE"));
+    }
     let policy = match (&args.checkpoint, needs_policy(&cfg)) {
         (Some(dir), _) => Some(
             falcon_rl::train::checkpoint_policy(dir)
@@ -276,6 +294,26 @@ fn rescore_result(result: &Path, config: &Path, out: &Path) -> Result<()> {
 fn compare(a: &Path, b: &Path) -> Result<()> {
     let ra = EvalResult::load(a).map_err(usage)?;
     let rb = EvalResult::load(b).map_err(usage)?;
+    let ids: std::collections::BTreeSet<&str> = ra.tasks.iter().map(|t| t.id.as_str()).collect();
+    let common = rb
+        .tasks
+        .iter()
+        .filter(|t| ids.contains(t.id.as_str()))
+        .count();
+    if common == 0 {
+        return Err(usage(format!(
+            "{} ({} tasks) and {} ({} tasks) share no task: their pass@k are not comparable and McNemar has nothing to pair; compare two evaluations of the same task set",
+            a.display(),
+            ra.tasks.len(),
+            b.display(),
+            rb.tasks.len()
+        )));
+    }
+    if common < ra.tasks.len().max(rb.tasks.len()) {
+        eprintln!(
+            "falcon: note: only {common} tasks are in both; pass@k below is over each file's own tasks, the tests over the {common} in common"
+        );
+    }
     println!("metric\tA\tB\tB - A");
     for (name, ma, mb) in [
         ("pass", &ra.pass_at, &rb.pass_at),
@@ -287,12 +325,6 @@ fn compare(a: &Path, b: &Path) -> Result<()> {
             }
         }
     }
-    let ids: std::collections::BTreeSet<&str> = ra.tasks.iter().map(|t| t.id.as_str()).collect();
-    let common = rb
-        .tasks
-        .iter()
-        .filter(|t| ids.contains(t.id.as_str()))
-        .count();
     let (only_a, only_b, p) = ra.mcnemar_vs(&rb);
     println!(
         "tasks\t{}\t{}\t{common} in common",

@@ -40,6 +40,24 @@ impl std::fmt::Display for UsageError {
 
 impl std::error::Error for UsageError {}
 
+/// An error and its causes as one line, each cause only when it adds
+/// something: many errors repeat their cause's text in their own message,
+/// and a report must not say "No such file or directory" twice.
+pub fn report(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 /// The error as the user's to fix.
 pub fn usage(e: impl std::fmt::Display) -> anyhow::Error {
     UsageError(e.to_string()).into()
@@ -252,7 +270,22 @@ pub fn minutes(secs: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{eta_secs, minutes};
+    use super::{eta_secs, minutes, report};
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("runs/x/manifest.json: {0}")]
+        struct Outer(#[source] std::io::Error);
+        let io = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let e = anyhow::Error::new(Outer(io())).context("loading checkpoint runs/x");
+        let r = report(&e);
+        assert_eq!(r.matches(&io().to_string()).count(), 1, "{r}");
+        assert!(
+            r.starts_with("loading checkpoint runs/x: runs/x/manifest.json: "),
+            "{r}"
+        );
+    }
 
     #[test]
     fn durations_read_like_a_clock() {

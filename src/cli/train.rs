@@ -11,7 +11,7 @@ use clap::Args;
 use super::usage;
 use falcon_rl::config::{Job, RunConfig};
 use falcon_rl::eval::EvalResult;
-use falcon_rl::train::{Observer, StepRecord, TrainError};
+use falcon_rl::train::{Observer, Start, StepRecord, TrainError};
 
 #[derive(Args)]
 pub struct TrainArgs {
@@ -19,30 +19,38 @@ pub struct TrainArgs {
     #[arg(long)]
     config: PathBuf,
     /// Continue the run in <output_dir>/<name> from its newest valid checkpoint.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "overwrite")]
     resume: bool,
+    /// Delete what <output_dir>/<name> holds and start the run over.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 pub fn run(args: TrainArgs, job: Job) -> Result<()> {
     let cfg = RunConfig::from_file(&args.config).map_err(usage)?;
-    train(&cfg, job, args.resume)
+    let start = match (args.resume, args.overwrite) {
+        (true, _) => Start::Resume,
+        (_, true) => Start::Overwrite,
+        _ => Start::New,
+    };
+    train(&cfg, job, start)
 }
 
 /// A training error as the CLI reports it: a config or task file that does
 /// not work is the user's to fix (exit code 2).
 pub fn train_error(e: TrainError) -> anyhow::Error {
     match e {
-        TrainError::Config(_) | TrainError::Task(_) => usage(e),
+        TrainError::Config(_) | TrainError::Task(_) | TrainError::RunExists { .. } => usage(e),
         e => e.into(),
     }
 }
 
 /// Train (or resume) the run `cfg` describes, as `falcon train`, `falcon
 /// sft` and each variant of `falcon ablate` do.
-pub fn train(cfg: &RunConfig, job: Job, resume: bool) -> Result<()> {
+pub fn train(cfg: &RunConfig, job: Job, start: Start) -> Result<()> {
     let mut progress = TrainProgress { bar: None };
     let t0 = Instant::now();
-    let outcome = falcon_rl::train::train(cfg, job, resume, &mut progress).map_err(train_error)?;
+    let outcome = falcon_rl::train::train(cfg, job, start, &mut progress).map_err(train_error)?;
     if let Some(b) = &progress.bar {
         b.finish_and_clear();
     }

@@ -15,6 +15,7 @@ use crate::exec::Sandbox;
 use crate::model::openai::OpenAiGenerator;
 use crate::model::{Generator, Policy};
 use crate::rollout::{self, Use};
+use crate::run_dir::Start;
 use crate::task::{Selection, Task, TaskSet};
 
 /// Where an evaluation reports what it is doing; only the CLI draws.
@@ -41,11 +42,68 @@ pub fn partial_dir(out: &Path) -> PathBuf {
     out.with_extension("partial")
 }
 
+/// What an evaluation writing to `out` finds there already: the result
+/// file, its per-task lines, its partial groups.
+pub fn existing_output(out: &Path) -> Vec<PathBuf> {
+    [
+        out.to_path_buf(),
+        out.with_extension("tasks.jsonl"),
+        partial_dir(out),
+    ]
+    .into_iter()
+    .filter(|p| p.exists())
+    .collect()
+}
+
+/// Decide what to do with an earlier evaluation at `out` before a new one
+/// writes there: [`Start::New`] refuses when anything is there,
+/// [`Start::Overwrite`] deletes it, [`Start::Resume`] keeps the partial
+/// groups to continue from (a finished result is refused: nothing is left
+/// to resume).
+pub fn prepare_output(out: &Path, start: Start) -> Result<(), EvalError> {
+    let found = existing_output(out);
+    if found.is_empty() {
+        return Ok(());
+    }
+    let names = || {
+        found
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match start {
+        Start::New => Err(EvalError::Invalid(format!(
+            "{} already holds an evaluation ({}): continue a partial one with --resume, write to another --out, or replace it with --overwrite",
+            out.display(),
+            names()
+        ))),
+        Start::Resume if out.exists() => Err(EvalError::Invalid(format!(
+            "{} is a finished evaluation, nothing to resume: write to another --out, or replace it with --overwrite",
+            out.display()
+        ))),
+        Start::Resume => Ok(()),
+        Start::Overwrite => {
+            for p in found {
+                let r = if p.is_dir() {
+                    std::fs::remove_dir_all(&p)
+                } else {
+                    std::fs::remove_file(&p)
+                };
+                r.map_err(|e| {
+                    EvalError::Invalid(format!("deleting {} (--overwrite): {e}", p.display()))
+                })?;
+            }
+            Ok(())
+        }
+    }
+}
+
 /// Evaluate `cfg`'s strategy on `[eval]`'s tasks. `policy` is the model
 /// (or checkpoint) to evaluate; it must be given when [`needs_policy`].
 /// `checkpoint` only names it in what a partial evaluation was made with.
-/// With `out`, finished groups are kept in [`partial_dir`] until the caller
-/// has written the result.
+/// With `out` (prepared by [`prepare_output`]), finished groups are kept in
+/// [`partial_dir`] until the caller has written the result.
 pub fn run(
     cfg: &RunConfig,
     policy: Option<&Policy>,

@@ -158,11 +158,12 @@ pub fn load_run(dir: &Path) -> Result<RunData, ReportError> {
         dir: dir.to_path_buf(),
         ..RunData::default()
     };
-    let metrics = dir.join("metrics.jsonl");
+    let layout = crate::run_dir::RunDir::new(dir);
+    let metrics = layout.metrics();
     if metrics.is_file() {
         data.metrics = read_metrics(&metrics)?;
     }
-    let eval_dir = dir.join("eval");
+    let eval_dir = layout.eval_dir();
     if eval_dir.is_dir() {
         let mut steps = Vec::new();
         for path in json_files(&eval_dir)? {

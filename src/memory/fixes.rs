@@ -42,13 +42,13 @@ pub enum FixesError {
     Config(String),
     #[error("fix record key {0:?} is not a fix id")]
     BadKey(String),
-    #[error("the {class:?} suggestions are at version {current}, the rewrite was asked for version {asked}; ask again")]
+    #[error("the {} suggestions are at version {current}, the rewrite was asked for version {asked}; ask again", class.name())]
     Stale {
         class: MemoCoderClass,
         asked: u32,
         current: u32,
     },
-    #[error("the mentor's answer for {class:?} was not used: {reason}")]
+    #[error("the mentor's answer for {} was not used: {reason}", class.name())]
     Unparseable {
         class: MemoCoderClass,
         reason: String,
@@ -450,11 +450,11 @@ fn rewrite_prompt(
     for (i, f) in shown.iter().enumerate() {
         let _ = write!(
             p,
-            "\n### Fix {}\nTask: {}\nError ({:?}): {}\nFailing code:\n```python\n{}\n```\n\
+            "\n### Fix {}\nTask: {}\nError ({}): {}\nFailing code:\n```python\n{}\n```\n\
              Fixed code:\n```python\n{}\n```\n",
             i + 1,
             clip(&f.task),
-            f.error_kind,
+            f.error_kind.name(),
             clip(&f.error_message),
             clip(&f.failing_code),
             clip(&f.fixed_code),

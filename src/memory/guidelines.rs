@@ -485,7 +485,7 @@ pub fn feedback_text(report: &ExecReport) -> String {
         report.tests.len()
     );
     if let Some(kind) = report.error_kind {
-        f.push_str(&format!("; first error: {kind:?}"));
+        f.push_str(&format!("; first error: {}", kind.name()));
     }
     if let Some(t) = report.tests.iter().find(|t| t.status != TestStatus::Pass) {
         match &t.status {

@@ -149,8 +149,8 @@ impl VectorIndex for ExactIndex {
 
     fn describe(&self) -> String {
         format!(
-            "exact inner product on {:?}, {} × {}",
-            self.device,
+            "exact inner product on {}, {} × {}",
+            crate::model::open::device_name(self.device),
             self.len(),
             self.dim
         )
@@ -344,9 +344,9 @@ mod faiss_index {
 
         fn describe(&self) -> String {
             format!(
-                "faiss {} (nprobe {:?}), {} × {}{}",
+                "faiss {} (nprobe {}), {} × {}{}",
                 self.description,
-                self.nprobe,
+                self.nprobe.map_or("default".to_owned(), |n| n.to_string()),
                 self.len(),
                 self.dim,
                 if self.index.is_trained() {

@@ -208,9 +208,9 @@ fn errors_of(report: &ExecReport) -> Vec<String> {
             TestStatus::Error { kind, message } => {
                 let msg = message.lines().next().unwrap_or("").trim();
                 if msg.is_empty() {
-                    format!("{kind:?}")
+                    kind.name().to_owned()
                 } else {
-                    format!("{kind:?}: {msg}")
+                    format!("{}: {msg}", kind.name())
                 }
             }
         };

@@ -181,7 +181,8 @@ impl TryFrom<StoredStats> for ErrorStats {
     fn try_from(s: StoredStats) -> Result<Self, StatsError> {
         let mut out = ErrorStats::new(s.mode)?;
         out.samples = s.samples;
-        let misfit = |what: &str| StatsError(format!("stored {what} do not fit mode {:?}", s.mode));
+        let misfit =
+            |what: &str| StatsError(format!("stored {what} do not fit mode {}", s.mode.name()));
         match s.mode {
             StatsMode::All => {
                 if !s.recent.is_empty() || !s.decayed.is_empty() {

@@ -237,7 +237,8 @@ impl Policy {
             return Err(ModelError::bad(
                 dir,
                 format!(
-                    "checkpoint has tensors this {family:?} config does not use, e.g. {:?}",
+                    "checkpoint has tensors this {} config does not use, e.g. {:?}",
+                    family.name(),
                     unexpected.iter().take(3).collect::<Vec<_>>()
                 ),
             ));

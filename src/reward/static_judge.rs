@@ -307,8 +307,8 @@ impl StaticJudge {
         // 0: no findings, 1: findings; anything else is ruff's own failure.
         if !matches!(out.code, Some(0 | 1)) {
             return Err(format!(
-                "ruff exited with {:?}: {}",
-                out.code,
+                "ruff exited with {}: {}",
+                exit_code(out.code),
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
@@ -356,8 +356,8 @@ impl StaticJudge {
         let out = run_tool(&self.python, &args, &[], input, self.timeout).map_err(tool_error)?;
         if out.code != Some(0) {
             return Err(format!(
-                "mccabe script exited with {:?}: {}",
-                out.code,
+                "mccabe script exited with {}: {}",
+                exit_code(out.code),
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
@@ -435,6 +435,14 @@ impl Judge for StaticJudge {
             timeouts: self.timeouts.load(Ordering::Relaxed),
             failures: self.failures.load(Ordering::Relaxed),
         }
+    }
+}
+
+/// `code 2`, or `a signal` for a process that a signal ended.
+fn exit_code(code: Option<i32>) -> String {
+    match code {
+        Some(c) => format!("code {c}"),
+        None => "a signal".to_owned(),
     }
 }
 

@@ -303,11 +303,11 @@ pub fn error_message(report: &ExecReport) -> String {
             TestStatus::Error { kind, message } => {
                 let m = message.trim();
                 if m.is_empty() {
-                    format!("{kind:?}")
-                } else if m.contains(&format!("{kind:?}")) {
+                    kind.name().to_owned()
+                } else if m.contains(kind.name()) {
                     m.to_owned()
                 } else {
-                    format!("{kind:?}: {m}")
+                    format!("{}: {m}", kind.name())
                 }
             }
             _ => "AssertionError: the test's assertion failed (wrong result)".to_owned(),

@@ -328,7 +328,11 @@ pub fn prepare_variant(cfg: &RunConfig) -> Result<VariantState, AblateError> {
         message: e.to_string(),
     })?;
     let cfg_path = dir.join(CONFIG_FILE);
-    if cfg_path.is_file() {
+    // A variant that failed before its first step (a config or file the
+    // trainer refused) left only its config: nothing trained, so the
+    // corrected grid starts it afresh instead of calling it stale.
+    let trained = crate::run_dir::RunDir::new(&dir).existing_run().is_some();
+    if cfg_path.is_file() && trained {
         let old = std::fs::read_to_string(&cfg_path).map_err(io_err(&cfg_path, "read"))?;
         if old != text {
             return Err(AblateError::Stale { variant, dir });
@@ -838,7 +842,14 @@ set = { "reward.beta" = -1.0 }
         assert_eq!(prepare_variant(&cfg).unwrap(), VariantState::New);
         let run = cfg.run.run_dir();
         assert!(run.join(CONFIG_FILE).is_file());
-        // Interrupted: same config, no marker.
+        // Failed before its first step (nothing but its config): a changed
+        // (corrected) config starts it afresh instead of being refused.
+        let mut corrected = cfg.clone();
+        corrected.train.lr *= 3.0;
+        assert_eq!(prepare_variant(&corrected).unwrap(), VariantState::New);
+        assert_eq!(prepare_variant(&cfg).unwrap(), VariantState::New);
+        // Interrupted after a step: same config, no marker.
+        std::fs::write(run.join("metrics.jsonl"), "{}\n").unwrap();
         assert_eq!(prepare_variant(&cfg).unwrap(), VariantState::Started);
         fake_run(&run, 2, true, 0.5);
         let row = finish_variant(&cfg).unwrap();

@@ -74,9 +74,21 @@ pub enum TrainError {
     Reward(#[from] crate::reward::RewardError),
     #[error(transparent)]
     Memory(#[from] crate::memory::MemoryError),
+    /// A new run was asked for in a directory that holds one.
+    #[error(
+        "{} already holds a run ({what}): continue it with --resume, give this run another [run] name, or start it over with --overwrite (which deletes {})",
+        dir.display(),
+        dir.display()
+    )]
+    RunExists {
+        dir: std::path::PathBuf,
+        what: String,
+    },
     #[error("{0}")]
     Invalid(String),
 }
+
+pub use crate::run_dir::Start;
 
 /// Which step a run takes, chosen explicitly: `falcon sft` takes the SFT
 /// step; `falcon train` takes the single-level step, or the meta-step of
@@ -251,7 +263,7 @@ impl Loaded {
         &'a mut self,
         cfg: &RunConfig,
         job: Job,
-        resume: bool,
+        start: Start,
         observer: &mut dyn Observer,
     ) -> Result<TrainState<'a>, TrainError> {
         let state = TrainState::new(
@@ -260,7 +272,7 @@ impl Loaded {
             &mut self.policy,
             &self.tasks,
             &self.sandbox,
-            resume,
+            start,
             observer,
         )?;
         Ok(match &self.eval_tasks {
@@ -272,16 +284,16 @@ impl Loaded {
 
 /// A whole `falcon train` / `falcon sft` session (and each variant of
 /// `falcon ablate`): the config checked for `job`, its tasks, model and
-/// sandbox loaded, the run trained (or resumed, with `resume`) with its
+/// sandbox loaded, the run trained (begun as `start` says) with its
 /// held-out evaluations. Progress goes to `observer`.
 pub fn train(
     cfg: &RunConfig,
     job: Job,
-    resume: bool,
+    start: Start,
     observer: &mut dyn Observer,
 ) -> Result<Outcome, TrainError> {
     let mut loaded = load(cfg, job, observer)?;
-    let mut state = loaded.state(cfg, job, resume, observer)?;
+    let mut state = loaded.state(cfg, job, start, observer)?;
     let records = run(&mut state, observer)?;
     let (run_dir, recipe, steps) = (state.run_dir.clone(), state.recipe, state.step);
     let memory = MemorySummary::of(&state);

@@ -19,7 +19,7 @@ use super::events::Observer;
 use super::memories::MetaMemory;
 use super::metrics::truncate_after_step;
 use super::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
-use super::{Recipe, TrainError};
+use super::{Recipe, Start, TrainError};
 use crate::config::{Job, OptimizerKind, RunConfig};
 use crate::exec::Sandbox;
 use crate::memory::stats::ErrorStats;
@@ -183,9 +183,12 @@ pub struct TrainState<'a> {
 
 impl<'a> TrainState<'a> {
     /// Set up the run `cfg` describes for `job` in its run directory. With
-    /// `resume`, the newest checkpoint that verifies is loaded (a damaged
-    /// newer one is skipped with a message) and `metrics.jsonl` is cut back
-    /// to it; without, a fresh run starts from `[train] init_from` when set.
+    /// [`Start::Resume`], the newest checkpoint that verifies is loaded (a
+    /// damaged newer one is skipped with a message) and `metrics.jsonl` is
+    /// cut back to it; a new run ([`Start::New`], refused where a run
+    /// already is, or [`Start::Overwrite`], which deletes it first) starts
+    /// from `[train] init_from` when set. The resolved config is written to
+    /// the run directory.
     /// A meta-RL run opens its memories here and, when fresh, fills them
     /// from the reference solutions (Algorithm 1 line 4).
     #[allow(clippy::too_many_arguments)]
@@ -195,7 +198,7 @@ impl<'a> TrainState<'a> {
         policy: &'a mut Policy,
         tasks: &'a TaskSet,
         sandbox: &'a Sandbox,
-        resume: bool,
+        start: Start,
         observer: &mut dyn Observer,
     ) -> Result<Self, TrainError> {
         cfg.check(job)?;
@@ -240,12 +243,31 @@ impl<'a> TrainState<'a> {
             ErrorStats::new(cfg.memory.p_error).map_err(|e| TrainError::Invalid(e.to_string()))?;
         let rewards = Rewards::new::<Policy>(&cfg.reward, None)?;
         let run_dir = RunDir::of(&cfg);
+        match start {
+            Start::New => {
+                if let Some(what) = run_dir.existing_run() {
+                    return Err(TrainError::RunExists {
+                        dir: run_dir.path().to_path_buf(),
+                        what,
+                    });
+                }
+            }
+            Start::Overwrite => run_dir.remove().map_err(|e| {
+                TrainError::Invalid(format!(
+                    "deleting the old run {} (--overwrite): {e}",
+                    run_dir.path().display()
+                ))
+            })?,
+            Start::Resume => {}
+        }
         std::fs::create_dir_all(run_dir.path()).map_err(|e| {
             TrainError::Invalid(format!(
                 "creating the run directory {}: {e}",
                 run_dir.path().display()
             ))
         })?;
+        crate::fsutil::write_atomic(&run_dir.config(), cfg.to_toml_string()?.as_bytes())?;
+        let resume = start == Start::Resume;
         let mut me = TrainState {
             cfg,
             recipe,
