@@ -2,24 +2,9 @@
 //! model resolution from a local HF cache, and generation on the embedded model.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use crate::common::*;
-
-fn falcon(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_falcon"))
-        .args(args)
-        .output()
-        .expect("falcon runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 #[test]
 fn config_show_prints_every_shipped_config_and_dry_run_lists_each_grid() {
@@ -400,4 +385,29 @@ fn report_draws_a_run_dir_and_names_a_malformed_metrics_line() {
     let o = falcon(&["report", d.path().join("missing").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("no such directory"), "{}", text(&o));
+}
+
+/// configs/lora-smoke.toml runs as shipped (only its output directory moved
+/// out of the repository): one LoRA step on the embedded model.
+#[test]
+fn the_lora_smoke_config_trains_its_step_as_shipped() {
+    let d = tmpdir();
+    let mut cfg =
+        falcon_rl::config::RunConfig::from_file(&root().join("configs/lora-smoke.toml")).unwrap();
+    cfg.run.output_dir = d.path().join("runs");
+    cfg.exec.uid_base = 63400;
+    let c = d.path().join("smoke.toml");
+    std::fs::write(&c, cfg.to_toml_string().unwrap()).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_falcon"))
+        .current_dir(root())
+        .args(["train", "--config", c.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let m = std::fs::read_to_string(d.path().join("runs/lora-smoke/metrics.jsonl")).unwrap();
+    assert_eq!(m.lines().count(), 1, "{m}");
+    assert!(d
+        .path()
+        .join("runs/lora-smoke/step-1/manifest.json")
+        .is_file());
 }

@@ -2,10 +2,28 @@
 //! and the project's Python (for round trips through transformers / peft).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs the `falcon` binary from the repository root.
+pub fn falcon<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_falcon"))
+        .current_dir(root())
+        .args(args)
+        .output()
+        .expect("falcon runs")
+}
+
+/// A command's stdout and stderr, as one text.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 pub fn fixture(name: &str) -> PathBuf {

@@ -159,10 +159,16 @@ fn config_check_and_the_trainer_accept_the_same_configs() {
                 c.train.init_from = Some(PathBuf::from("runs/no-such-run/step-20"));
             },
         ),
-        ("meta-RL without LoRA", "demo.toml", Job::Train, |c| {
-            c.train.init_from = None;
-            c.model.lora.enabled = false;
-        }),
+        (
+            "second-order MAML without LoRA",
+            "demo.toml",
+            Job::Train,
+            |c| {
+                c.train.init_from = None;
+                c.meta.algorithm = falcon_rl::config::MetaAlgorithm::Maml;
+                c.model.lora.enabled = false;
+            },
+        ),
         ("a KL penalty without LoRA", "demo.toml", Job::Train, |c| {
             c.train.init_from = None;
             c.meta.algorithm = falcon_rl::config::MetaAlgorithm::Off;

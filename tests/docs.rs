@@ -8,9 +8,8 @@
 //! succeed. Every `scripts/...` command shown must be an executable script.
 
 use std::path::Path;
-use std::process::Command;
 
-use crate::common::root;
+use crate::common::{falcon, root};
 
 /// The shell words of a documented command line, with `[optional]`
 /// brackets and a trailing `# comment` dropped.
@@ -85,14 +84,6 @@ fn concrete(arg: &str) -> String {
         "N" => "1".into(),
         a => a.into(),
     }
-}
-
-fn falcon(args: &[String]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_falcon"))
-        .current_dir(root())
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 fn doc_files() -> Vec<std::path::PathBuf> {

@@ -4,27 +4,9 @@
 //! obvious mistakes. None of it may append to an old run or give a result
 //! that means nothing; every error must say what to do, once, in words.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-use crate::common::{root, tmpdir};
+use crate::common::{falcon, text, tmpdir};
 use crate::train::{config, setup};
-
-fn falcon(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_falcon"))
-        .current_dir(root())
-        .args(args)
-        .output()
-        .expect("falcon runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use std::path::{Path, PathBuf};
 
 fn lines(p: &Path) -> usize {
     std::fs::read_to_string(p).map_or(0, |t| t.lines().count())
