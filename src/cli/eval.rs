@@ -130,6 +130,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let policy = match (&args.checkpoint, needs_policy(&cfg)) {
         (Some(dir), _) => Some(
             falcon_rl::train::checkpoint_policy(dir)
+                .map_err(super::train::train_error)
                 .with_context(|| format!("loading checkpoint {}", dir.display()))?
                 .1,
         ),

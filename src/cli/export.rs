@@ -31,6 +31,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
     let (policy, dtype) = match &args.checkpoint {
         Some(dir) => {
             let (cfg, policy) = falcon_rl::train::checkpoint_policy(dir)
+                .map_err(super::train::train_error)
                 .with_context(|| format!("loading checkpoint {}", dir.display()))?;
             (policy, cfg.model.dtype)
         }

@@ -58,7 +58,11 @@ pub enum MemoryCmd {
 fn existing(dir: &Path) -> Result<MemoryStore> {
     let db = RunDir::new(dir).memory_db();
     if !db.is_file() {
-        return Err(UsageError(format!("{}: no memory database here", db.display())).into());
+        return Err(UsageError(format!(
+            "{}: no memory database here (a `falcon train` run with [meta] long_term = true writes one)",
+            db.display()
+        ))
+        .into());
     }
     Ok(MemoryStore::open(dir)?)
 }

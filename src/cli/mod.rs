@@ -99,7 +99,11 @@ impl ModelArgs {
 
 /// Load a policy, saying what was loaded on stderr.
 pub fn open_policy(spec: &ModelSpec) -> Result<Policy> {
-    let opened = falcon_rl::model::open(spec)?;
+    let opened = falcon_rl::model::open(spec).map_err(|e| match e {
+        // A model that is not where the user said is theirs to fix.
+        falcon_rl::model::ModelError::NotFound(_) => usage(e),
+        e => e.into(),
+    })?;
     eprintln!("falcon: {}", opened.describe(spec.dtype));
     Ok(opened.policy)
 }

@@ -40,7 +40,10 @@ pub fn run(args: TrainArgs, job: Job) -> Result<()> {
 /// not work is the user's to fix (exit code 2).
 pub fn train_error(e: TrainError) -> anyhow::Error {
     match e {
-        TrainError::Config(_) | TrainError::Task(_) | TrainError::RunExists { .. } => usage(e),
+        TrainError::Config(_)
+        | TrainError::Task(_)
+        | TrainError::RunExists { .. }
+        | TrainError::Checkpoint(_) => usage(e),
         e => e.into(),
     }
 }

@@ -122,7 +122,31 @@ where
 /// Check a checkpoint directory against its manifest: every listed file
 /// present with the recorded size and checksum.
 pub fn verify(dir: &Path) -> Result<u64, CheckpointError> {
+    if !dir.is_dir() {
+        return Err(bad(
+            dir,
+            "no checkpoint here: the directory does not exist (a `falcon train` or `falcon sft` \
+             run writes runs/NAME/step-N; list the run directory to see its steps)",
+        ));
+    }
     let mpath = dir.join(MANIFEST);
+    if !mpath.is_file() {
+        let steps = list(dir).unwrap_or_default();
+        return Err(bad(
+            dir,
+            match steps.last() {
+                Some(last) => format!(
+                    "a run directory, not a checkpoint: give one of its step-N directories, \
+                     e.g. {}",
+                    step_dir(dir, *last).display()
+                ),
+                None => format!(
+                    "not a checkpoint: it has no {MANIFEST} (an interrupted write leaves none; \
+                     use an earlier step-N)"
+                ),
+            },
+        ));
+    }
     let text = std::fs::read(&mpath).map_err(|source| CheckpointError::Io {
         path: mpath.clone(),
         source,
