@@ -170,3 +170,50 @@ fn ndonnxeval_references_pass_through_the_value_protocol() {
         );
     }
 }
+
+/// The bundled numba tasks run with no `[exec]` settings at all: the
+/// default interpreter is the one set-up provisions (numpy, numba), so every
+/// canonical solution passes in the simulator; and a task whose own imports
+/// the interpreter lacks stops the command before any sample runs, naming
+/// the module, instead of scoring every sample as a runtime error.
+#[test]
+fn bundled_numba_tasks_pass_with_the_default_exec_settings() {
+    let o = crate::common::falcon(&[
+        "exec",
+        "--tasks",
+        "data/numba_cuda_tasks.jsonl",
+        "--samples",
+        "canonical",
+        "--out",
+        crate::common::tmpdir()
+            .path()
+            .join("r.jsonl")
+            .to_str()
+            .unwrap(),
+    ]);
+    let t = crate::common::text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("pass                      36"), "{t}");
+
+    let d = crate::common::tmpdir();
+    let f = d.path().join("t.jsonl");
+    std::fs::write(
+        &f,
+        r#"{"id": "needs", "prompt": "p", "entry_point": "f", "tests": ["assert f() == 1"], "canonical_solution": "def f():\n    return 1\n", "prelude": "import falcon_no_such_module as m"}
+"#,
+    )
+    .unwrap();
+    let o = crate::common::falcon(&[
+        "exec",
+        "--tasks",
+        f.to_str().unwrap(),
+        "--samples",
+        "canonical",
+    ]);
+    let t = crate::common::text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("cannot import falcon_no_such_module") && t.contains("needs"),
+        "{t}"
+    );
+}

@@ -69,7 +69,9 @@ enum EvalCmd {
 /// does not work is the user's to fix.
 fn eval_error(e: EvalError) -> anyhow::Error {
     match e {
-        EvalError::Config(_) | EvalError::Task(_) => usage(e),
+        EvalError::Config(_)
+        | EvalError::Task(_)
+        | EvalError::Exec(falcon_rl::exec::ExecError::MissingModules { .. }) => usage(e),
         e => e.into(),
     }
 }
@@ -252,6 +254,7 @@ fn rescore_result(result: &Path, config: &Path, out: &Path) -> Result<()> {
     let tasks = eval_tasks(&cfg).map_err(eval_error)?;
     let list: Vec<&falcon_rl::task::Task> = tasks.iter().collect();
     let sandbox = Sandbox::new(&cfg.exec)?;
+    sandbox.require_modules(&list).map_err(usage)?;
     let samples: usize = old.tasks.iter().map(|t| t.samples.len()).sum();
     eprintln!(
         "falcon: rescoring {samples} answers of {} tasks ({}) from {}",

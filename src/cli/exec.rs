@@ -97,6 +97,11 @@ pub fn run(args: ExecArgs) -> Result<()> {
         return Err(UsageError("no samples to run".into()).into());
     }
     let sandbox = Sandbox::new(&cfg.exec)?;
+    let used: Vec<&Task> = tasks
+        .iter()
+        .filter(|t| samples.iter().any(|s| s.task_id == t.id))
+        .collect();
+    sandbox.require_modules(&used).map_err(usage)?;
     let judge_policy: Option<Policy> = match &args.judge_model {
         Some(m) => Some(
             ModelArgs {

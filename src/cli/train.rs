@@ -43,7 +43,8 @@ pub fn train_error(e: TrainError) -> anyhow::Error {
         TrainError::Config(_)
         | TrainError::Task(_)
         | TrainError::RunExists { .. }
-        | TrainError::Checkpoint(_) => usage(e),
+        | TrainError::Checkpoint(_)
+        | TrainError::Exec(falcon_rl::exec::ExecError::MissingModules { .. }) => usage(e),
         e => e.into(),
     }
 }

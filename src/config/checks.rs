@@ -167,6 +167,35 @@ pub(super) fn files(c: &RunConfig, job: Job, problems: &mut Problems) {
             }
         }
     }
+    if let Err(tried) = super::locate_tool(&c.exec.python, "python") {
+        problems.push_rule(
+            "exec.python",
+            &format!(
+                "\"{}\": no Python interpreter found (looked at {}); run scripts/setup, which provisions the project's virtualenv, or name an interpreter",
+                c.exec.python,
+                shorten(&tried)
+            ),
+        );
+    }
+    let judges = c.reward.judge == super::JudgeKind::Static
+        && (c.reward.style.computed() || c.reward.complexity.computed());
+    if judges {
+        let sj = &c.reward.static_judge;
+        for (key, setting, name) in [
+            ("ruff", &sj.ruff, "ruff"),
+            ("python", &sj.python, "python3"),
+        ] {
+            if let Err(tried) = super::locate_tool(setting, name) {
+                problems.push_rule(
+                    &format!("reward.static_judge.{key}"),
+                    &format!(
+                        "\"{setting}\": {name} not found (looked at {}); run scripts/setup, which installs it, or give its path",
+                        shorten(&tried)
+                    ),
+                );
+            }
+        }
+    }
     if let Err(why) = super::locate_model(&c.model.path) {
         problems.push_rule("model.path", &why);
     }
@@ -179,6 +208,19 @@ pub(super) fn files(c: &RunConfig, job: Job, problems: &mut Problems) {
             );
         }
     }
+}
+
+/// The first places tried, for a message that stays readable.
+fn shorten(tried: &[std::path::PathBuf]) -> String {
+    let mut s: Vec<String> = tried
+        .iter()
+        .take(4)
+        .map(|p| p.display().to_string())
+        .collect();
+    if tried.len() > 4 {
+        s.push(format!("{} more", tried.len() - 4));
+    }
+    s.join(", ")
 }
 
 /// Names of run-directory files that `run_dir` defines, repeated here

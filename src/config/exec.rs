@@ -94,7 +94,10 @@ pub struct ExecConfig {
     pub isolation: Isolation,
     /// Warm workers in the pool; 0 = one per CPU.
     pub workers: usize,
-    /// Python interpreter (a name on PATH or a path); resolved once on the host.
+    /// The Python that runs candidate code: `"auto"` (default) is the
+    /// project's virtualenv, which `scripts/setup` provisions with what the
+    /// bundled task kinds import (numpy, numba, ndonnx), else `python3` on
+    /// `PATH`; or a name on `PATH`, or a path. Resolved once on the host.
     pub python: String,
     /// The bubblewrap binary.
     pub bwrap: String,
@@ -141,7 +144,7 @@ impl Default for ExecConfig {
         Self {
             isolation: Isolation::Bwrap,
             workers: 0,
-            python: "python3".to_owned(),
+            python: "auto".to_owned(),
             bwrap: "bwrap".to_owned(),
             timeout_s: EXEC_DEFAULT_TIMEOUT_S,
             clock: ExecClock::Cpu,

@@ -198,6 +198,77 @@ fn from_hf_cache(repo: &str) -> Result<PathBuf, String> {
     }
 }
 
+/// Where `scripts/setup` puts the project's Python: the virtualenvs an
+/// `"auto"` tool setting searches, in order: `$VIRTUAL_ENV`, `$FALCON_VENV`,
+/// `./.venv`, the `.venv` beside the running binary's `target/` directory,
+/// and the shared one in the falcon cache.
+pub fn project_venvs() -> Vec<PathBuf> {
+    let mut venvs: Vec<PathBuf> = Vec::new();
+    for var in ["VIRTUAL_ENV", "FALCON_VENV"] {
+        if let Some(v) = std::env::var_os(var) {
+            venvs.push(PathBuf::from(v));
+        }
+    }
+    venvs.push(PathBuf::from(".venv"));
+    if let Ok(exe) = std::env::current_exe() {
+        // target/<profile>/falcon (or target/<profile>/deps/…) → project root.
+        for anc in exe.ancestors().skip(1).take(4) {
+            venvs.push(anc.join(".venv"));
+        }
+    }
+    venvs.push(cache_dir().join("venv-torch2.11.0"));
+    venvs
+}
+
+/// Finds the executable a tool setting names: a path (containing `/`) is
+/// taken as is; `"auto"` looks for `name` in the bin directory of each of
+/// [`project_venvs`], then on `PATH`; any other bare name is looked up on
+/// `PATH`. The error lists every place tried.
+pub fn locate_tool(setting: &str, name: &str) -> Result<PathBuf, Vec<PathBuf>> {
+    let setting = setting.trim();
+    if setting.contains('/') {
+        let p = PathBuf::from(setting);
+        return if is_executable(&p) {
+            Ok(p)
+        } else {
+            Err(vec![p])
+        };
+    }
+    let auto = setting == "auto";
+    let wanted = if auto { name } else { setting };
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if auto {
+        dirs.extend(project_venvs().into_iter().map(|v| v.join("bin")));
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    let mut tried = Vec::new();
+    for dir in dirs {
+        let candidate = dir.join(wanted);
+        if is_executable(&candidate) {
+            // An absolute path, so a later change of directory cannot break it.
+            let abs = if candidate.is_absolute() {
+                candidate
+            } else {
+                std::env::current_dir()
+                    .map(|d| d.join(&candidate))
+                    .unwrap_or(candidate)
+            };
+            return Ok(abs);
+        }
+        if !tried.contains(&candidate) {
+            tried.push(candidate);
+        }
+    }
+    Err(tried)
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
 /// falcon's own cache directory (`FALCON_CACHE`, else `$XDG_CACHE_HOME/falcon-rl`,
 /// else `~/.cache/falcon-rl`).
 pub fn cache_dir() -> PathBuf {
@@ -218,18 +289,7 @@ pub fn embedded_gguf() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("FALCON_EMBEDDED_GGUF") {
         return Ok(PathBuf::from(p));
     }
-    let mut venvs: Vec<PathBuf> = Vec::new();
-    if let Some(v) = std::env::var_os("FALCON_VENV") {
-        venvs.push(PathBuf::from(v));
-    }
-    venvs.push(PathBuf::from(".venv"));
-    if let Ok(exe) = std::env::current_exe() {
-        // target/<profile>/falcon (or target/<profile>/deps/…) → project root.
-        for anc in exe.ancestors().skip(1).take(4) {
-            venvs.push(anc.join(".venv"));
-        }
-    }
-    venvs.push(cache_dir().join("venv-torch2.11.0"));
+    let venvs = project_venvs();
     let mut looked = Vec::new();
     for v in &venvs {
         let lib = v.join("lib");

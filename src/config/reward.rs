@@ -142,7 +142,8 @@ impl Section for RewardConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StaticJudgeConfig {
-    /// The ruff executable; "auto" looks in `$VIRTUAL_ENV/bin`, `./.venv/bin`, then `PATH`.
+    /// The ruff executable; "auto" looks in the project's virtualenvs, then
+    /// on `PATH` (see `config::locate_tool`).
     pub ruff: String,
     /// The Python that computes McCabe complexity with `ast` (never runs the code);
     /// "auto" searches like `ruff` for `python3`.

@@ -125,6 +125,7 @@ pub fn run(
     let generator = pick(&answer_server, policy)?;
     let reflector = pick(&reflect_server, policy)?;
     let sandbox = Sandbox::new(&cfg.exec)?;
+    sandbox.require_modules(&list)?;
     let spec = EvalSpec {
         instruction: &cfg.train.instruction,
         generation: &cfg.generation,

@@ -53,6 +53,16 @@ pub enum ExecError {
     /// A program the sandbox needs is missing.
     #[error("{what} not found: {hint}")]
     Missing { what: String, hint: String },
+    /// The sandbox's interpreter cannot import what the tasks need.
+    #[error(
+        "the sandbox's Python ({python}) cannot import {}: run scripts/setup, which provisions the project's virtualenv with what the bundled task kinds need, or set [exec] python to an interpreter that has {}",
+        missing.iter().map(|m| format!("{} (needed by {})", m.module, m.needed_by)).collect::<Vec<_>>().join("; "),
+        if missing.len() == 1 { "it" } else { "them" }
+    )]
+    MissingModules {
+        python: String,
+        missing: Vec<MissingModule>,
+    },
     /// Namespaces could not be made (or the first worker would not start).
     #[error(
         "cannot create the execution sandbox: {detail}\n\
@@ -62,6 +72,53 @@ pub enum ExecError {
          timeouts only (much weaker)."
     )]
     Isolation { detail: String },
+}
+
+/// A module some tasks need that the sandbox's interpreter cannot import.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingModule {
+    pub module: String,
+    /// Which tasks need it, in words (`36 numba_cuda tasks, e.g. numba_cuda/vector_add`).
+    pub needed_by: String,
+    /// What the import said.
+    pub error: String,
+}
+
+/// The modules a task needs before any candidate code runs: what its kind
+/// needs (numba tasks: numpy and numba) and what its own prelude and test
+/// set-up import.
+pub fn required_modules(task: &Task) -> Vec<String> {
+    let mut out: Vec<String> = match task.kind {
+        crate::task::TaskKind::NumbaCuda => vec!["numpy".into(), "numba".into()],
+        crate::task::TaskKind::Python => Vec::new(),
+    };
+    for src in [&task.prelude, &task.test_setup].into_iter().flatten() {
+        for line in src.lines().map(str::trim) {
+            let names: Vec<&str> = if let Some(rest) = line.strip_prefix("import ") {
+                rest.split(',').collect()
+            } else if let Some(rest) = line.strip_prefix("from ") {
+                rest.split_whitespace().next().into_iter().collect()
+            } else {
+                continue;
+            };
+            for n in names {
+                let top = n
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or("")
+                    .split('.')
+                    .next()
+                    .unwrap_or("");
+                let ok = !top.is_empty()
+                    && top.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && !top.starts_with(|c: char| c.is_ascii_digit());
+                if ok && !out.iter().any(|m| m == top) {
+                    out.push(top.to_owned());
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The execution sandbox: a pool of warm, isolated workers. Cheap to clone
@@ -93,10 +150,18 @@ impl Sandbox {
                 cfg.timeout_s
             )));
         }
-        let python_name = cfg.python.clone();
-        let python = isolation::which(&python_name).ok_or_else(|| ExecError::Missing {
-            what: format!("Python interpreter {python_name:?}"),
-            hint: "install Python 3 or set [exec] python".into(),
+        let python = crate::config::locate_tool(&cfg.python, "python").map_err(|tried| {
+            ExecError::Missing {
+                what: format!("the Python interpreter of [exec] python = \"{}\"", cfg.python),
+                hint: format!(
+                    "looked at {}; run scripts/setup (it provisions the project's virtualenv) or set [exec] python",
+                    tried
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }
         })?;
         // Resolve shims (pyenv, ...) to the real interpreter: shims need the
         // environment the sandbox scrubs.
@@ -201,29 +266,41 @@ impl Sandbox {
             Err(e) => return ExecReport::no_signal(format!("sandbox: cannot encode job: {e}")),
         };
         // Each test gets its limit plus the worker's grace and clean-up; a
-        // worker that overruns this is hung and is killed.
+        // worker that overruns this is hung and is killed. The budget starts
+        // when a worker has the job: waiting for a free slot or for a worker
+        // to start is the pool's time, never the sample's.
         let per_test = cfg.wall_limit_s() + 2.0;
-        let deadline = t0 + Duration::from_secs_f64(per_test * task.tests.len() as f64 + 10.0);
+        let budget = Duration::from_secs_f64(per_test * task.tests.len() as f64 + 10.0);
         let cap = (cfg.output_bytes + (1 << 20)) * 4 + 64 * task.tests.len() * 1024;
         let attempt = || {
             self.pool.with_worker(|w| {
-                let bytes = w.call(&body, deadline, cap)?;
+                let bytes = w.call(&body, Instant::now() + budget, cap)?;
                 serde_json::from_slice::<protocol::WireReply>(&bytes)
                     .map_err(|e| format!("malformed worker reply: {e}"))
             })
         };
-        // A worker that died while idle is found when the job cannot be
-        // written to it, or (the pipe buffer took the job) when its reply
-        // ends early. The candidate runs under another uid and cannot signal
-        // the worker, so a dead worker is ours, not the sample's: run the job
-        // once more on a fresh worker. (Seen: rare SIGKILLs of idle workers
-        // under heavy load, cause not yet found.)
-        let reply = match attempt() {
-            Err(e) if e.starts_with(pool::WORKER_GONE) || e.starts_with(pool::WORKER_DIED) => {
-                attempt()
+        // A sample that never got to run is the sandbox's failure, not the
+        // sample's, so it runs once more on a fresh worker: a worker that
+        // died while idle (found when the job cannot be written to it, or
+        // when its reply ends early; the candidate runs under another uid
+        // and cannot signal the worker; seen: rare SIGKILLs of idle workers
+        // under heavy load), a worker that would not start or answer in
+        // time, and a candidate starved of CPU until the wall-clock backstop
+        // (the machine's load). A second failure is no signal.
+        let never_ran = |r: &Result<protocol::WireReply, String>| match r {
+            Err(e) => {
+                e.starts_with(pool::WORKER_GONE)
+                    || e.starts_with(pool::WORKER_DIED)
+                    || e.starts_with(pool::WORKER_LATE)
+                    || e.starts_with(pool::WORKER_UNSTARTED)
             }
-            other => other,
+            Ok(reply) => reply
+                .no_signal
+                .as_deref()
+                .is_some_and(|why| why.contains("starved")),
         };
+        let first = attempt();
+        let reply = if never_ran(&first) { attempt() } else { first };
         match reply {
             Ok(r) => {
                 let mut report = protocol::report_from_reply(r, task.tests.len(), cfg.output_bytes);
@@ -259,6 +336,67 @@ impl Sandbox {
         out.into_iter()
             .map(|r| r.unwrap_or_else(|| ExecReport::no_signal("sandbox: job was not run")))
             .collect()
+    }
+
+    /// Checks, before any sample runs, that the sandbox's interpreter can
+    /// import every module `tasks` need ([`required_modules`]): a task kind
+    /// whose imports fail would otherwise score every sample as a runtime
+    /// error, and a run would learn nothing, silently. The imports run in
+    /// the interpreter's isolated mode (no current directory on the path).
+    pub fn require_modules(&self, tasks: &[&Task]) -> Result<(), ExecError> {
+        let mut needed: Vec<(String, Vec<&Task>)> = Vec::new();
+        for t in tasks {
+            for m in required_modules(t) {
+                match needed.iter_mut().find(|(n, _)| *n == m) {
+                    Some((_, ts)) => ts.push(t),
+                    None => needed.push((m, vec![t])),
+                }
+            }
+        }
+        if needed.is_empty() {
+            return Ok(());
+        }
+        let python = &self.pool.launch.python;
+        let probe = "import sys\nfor m in sys.argv[1:]:\n    try:\n        __import__(m)\n    except BaseException as e:\n        print(m + '\\t' + type(e).__name__ + ': ' + str(e).replace('\\n', ' '))\n";
+        let out = std::process::Command::new(python)
+            .arg("-I")
+            .arg("-c")
+            .arg(probe)
+            .args(needed.iter().map(|(m, _)| m))
+            .output()
+            .map_err(|e| ExecError::Missing {
+                what: format!("a working Python at {}", python.display()),
+                hint: format!("it could not be started to check the tasks' imports: {e}"),
+            })?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let missing: Vec<MissingModule> = text
+            .lines()
+            .filter_map(|l| l.split_once('\t'))
+            .filter_map(|(m, err)| {
+                let (_, ts) = needed.iter().find(|(n, _)| n == m)?;
+                let kinds: std::collections::BTreeSet<&str> =
+                    ts.iter().map(|t| t.kind.name()).collect();
+                Some(MissingModule {
+                    module: m.to_owned(),
+                    needed_by: format!(
+                        "{} {} task{}, e.g. {}",
+                        ts.len(),
+                        kinds.into_iter().collect::<Vec<_>>().join("/"),
+                        if ts.len() == 1 { "" } else { "s" },
+                        ts[0].id
+                    ),
+                    error: err.to_owned(),
+                })
+            })
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(ExecError::MissingModules {
+                python: python.display().to_string(),
+                missing,
+            })
+        }
     }
 
     /// How many workers have been started lazily (replacements for dead or
@@ -298,6 +436,31 @@ pub fn split_visible(report: &ExecReport, n_visible: usize) -> (TestCounts, Test
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tasks_required_modules_come_from_its_kind_prelude_and_setup() {
+        let task = |kind, prelude: &str, setup: &str| Task {
+            id: "t".into(),
+            prompt: String::new(),
+            entry_point: "f".into(),
+            tests: vec!["assert True".into()],
+            kind,
+            canonical_solution: None,
+            docs: None,
+            tags: vec![],
+            test_setup: Some(setup.into()),
+            prelude: Some(prelude.into()),
+        };
+        use crate::task::TaskKind;
+        let t = task(
+            TaskKind::Python,
+            "import ndonnx as ndx\nimport os.path, json\n",
+            "from numpy.testing import assert_allclose\nx = 1  # import nothing\n",
+        );
+        assert_eq!(required_modules(&t), ["ndonnx", "os", "json", "numpy"]);
+        let t = task(TaskKind::NumbaCuda, "from numba import cuda", "");
+        assert_eq!(required_modules(&t), ["numpy", "numba"]);
+    }
 
     #[test]
     fn split_visible_counts_first_tests_apart() {

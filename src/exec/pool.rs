@@ -21,6 +21,11 @@ pub const WORKER_PY: &str = include_str!("worker.py");
 pub const WORKER_GONE: &str = "worker gone before the job was sent";
 /// Prefix of the error for a worker whose reply ended early (it died).
 pub const WORKER_DIED: &str = "worker died";
+/// Prefix of the error for a worker that did not answer by the job's
+/// deadline (its own per-test limits would have answered first: it stalled).
+pub const WORKER_LATE: &str = "worker did not answer before the job deadline";
+/// Prefix of the error for a slot whose worker could not be started.
+pub const WORKER_UNSTARTED: &str = "cannot start a sandbox worker";
 
 /// How long a fresh worker may take to import its preloads and say ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -121,7 +126,7 @@ impl Worker {
         write_frame(&mut self.stdin, job).map_err(|e| format!("{WORKER_GONE}: {e}"))?;
         self.jobs += 1;
         read_frame(self.stdout.get_mut(), deadline, cap).map_err(|e| match e {
-            ReadError::Timeout => "worker did not answer before the job deadline".to_owned(),
+            ReadError::Timeout => WORKER_LATE.to_owned(),
             ReadError::Eof => {
                 std::thread::sleep(Duration::from_millis(20));
                 let status = self.child.try_wait().ok().flatten();
@@ -240,7 +245,7 @@ impl Pool {
                     Ok(w) => w,
                     Err(e) => {
                         self.release(slot, None);
-                        return Err(format!("cannot start a sandbox worker: {e}"));
+                        return Err(format!("{WORKER_UNSTARTED}: {e}"));
                     }
                 }
             }

@@ -533,6 +533,53 @@ class Harness(BaseException):
     """Our limitation, not the candidate's fault: the sample gets no signal."""
 
 
+class Starved(Harness):
+    """The wall-clock backstop fired while the candidate was waiting for a
+    CPU, not running or sleeping: the machine's load, not the code. The
+    sample gets no signal (and the trainer runs it again)."""
+
+
+def _schedstat(pid):
+    """(CPU ns, run-queue wait ns) of a process so far, or None."""
+    try:
+        with open("/proc/%d/schedstat" % pid) as f:
+            cpu, wait = f.read().split()[:2]
+        return int(cpu), int(wait)
+    except (OSError, ValueError):
+        return None
+
+
+def _children_cpu_and_nice(pid):
+    """CPU seconds of the children a process has waited for (cutime +
+    cstime), and its nice value; None when /proc cannot tell."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            st = f.read()
+        fields = st[st.rfind(b")") + 2:].split()
+        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK"), int(fields[16])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _starved(pid, since, wall, cpu_limit):
+    """Whether the process spent at least half of the wall limit waiting on
+    a run queue since `since` (its schedstat then) and had not yet used its
+    CPU limit: it wanted a CPU and the machine had none for it (a candidate
+    past its CPU limit that ignores the timer is timed out, whatever the
+    load). Never when the candidate starved itself: any
+    other process of its uid alive (a fork bomb competes with its own
+    parent), CPU spent by children it has reaped, or a priority it lowered."""
+    now = _schedstat(pid)
+    if now is None:
+        return False
+    others = [p for p in _procs_of_uid() if p not in (pid, os.getpid())]
+    stat = _children_cpu_and_nice(pid)
+    if others or stat is None or stat[0] > 0.05 or stat[1] > os.getpriority(os.PRIO_PROCESS, 0):
+        return False
+    cpu0, wait0 = since if since else (0, 0)
+    return (now[1] - wait0) / 1e9 >= 0.5 * wall and (now[0] - cpu0) / 1e9 < cpu_limit
+
+
 class CandidateRaised:
     """Mixin marking an exception that candidate code raised in the child."""
 
@@ -910,6 +957,7 @@ def run_test(job, code_objs, i, outpath, st):
     child = st.get("child")
     outfd = None
     keep = False
+    since = _schedstat(child.pid) if child is not None else None
     try:
         signal.setitimer(signal.ITIMER_REAL, wall + GRACE)
         if child is None:
@@ -941,6 +989,8 @@ def run_test(job, code_objs, i, outpath, st):
     except Deadline:
         if child is not None:
             child.timed_out = True
+            if clock == "cpu" and _starved(child.pid, since, wall, timeout):
+                raise Starved("starved: the candidate waited for a CPU for most of the %gs wall-clock limit (the machine is overloaded)" % wall)
         if clock == "cpu":
             return _result("error", "Timeout", "wall-clock limit of %gs exceeded (CPU limit %gs)" % (wall, timeout))
         return _result("error", "Timeout", "time limit of %gs exceeded" % timeout)

@@ -34,44 +34,9 @@ pub(crate) enum ToolRunError {
     Timeout,
 }
 
-/// Finds an executable: a path containing `/` is taken as is; `"auto"` with
-/// `name` looks in `$VIRTUAL_ENV/bin`, `./.venv/bin`, then `PATH`; any other
-/// bare name is looked up on `PATH`. Returns the places tried on failure.
+/// Finds an executable (see [`crate::config::locate_tool`]).
 pub(crate) fn resolve_tool(setting: &str, name: &str) -> Result<PathBuf, Vec<PathBuf>> {
-    let mut tried = Vec::new();
-    if setting.contains('/') {
-        let p = PathBuf::from(setting);
-        return if is_executable(&p) {
-            Ok(p)
-        } else {
-            Err(vec![p])
-        };
-    }
-    let wanted = if setting == "auto" { name } else { setting };
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    if setting == "auto" {
-        if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
-            dirs.push(Path::new(&venv).join("bin"));
-        }
-        dirs.push(PathBuf::from(".venv/bin"));
-    }
-    if let Some(path) = std::env::var_os("PATH") {
-        dirs.extend(std::env::split_paths(&path));
-    }
-    for dir in dirs {
-        let candidate = dir.join(wanted);
-        if is_executable(&candidate) {
-            // An absolute path, so a later change of directory cannot break it.
-            return Ok(std::fs::canonicalize(&candidate).unwrap_or(candidate));
-        }
-        tried.push(candidate);
-    }
-    Err(tried)
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    crate::config::locate_tool(setting, name)
 }
 
 /// Reads a pipe to its end, keeping at most [`OUTPUT_CAP`] bytes.

@@ -86,6 +86,16 @@ pub enum TaskKind {
     NumbaCuda,
 }
 
+impl TaskKind {
+    /// The name task files use (`python`, `numba_cuda`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskKind::Python => "python",
+            TaskKind::NumbaCuda => "numba_cuda",
+        }
+    }
+}
+
 /// One programming task with its unit tests.
 ///
 /// The program that checks one test is: `prelude` (if any), the candidate

@@ -248,6 +248,11 @@ pub fn load(cfg: &RunConfig, job: Job, observer: &mut dyn Observer) -> Result<Lo
     let mut policy = opened.policy;
     prepare_policy(cfg, &mut policy)?;
     let sandbox = Sandbox::new(&cfg.exec)?;
+    let all: Vec<&crate::task::Task> = tasks
+        .iter()
+        .chain(eval_tasks.iter().flat_map(|e| e.iter()))
+        .collect();
+    sandbox.require_modules(&all)?;
     Ok(Loaded {
         tasks,
         eval_tasks,
