@@ -217,3 +217,38 @@ fn bundled_numba_tasks_pass_with_the_default_exec_settings() {
         "{t}"
     );
 }
+
+/// numba_cuda tasks run where numba-cuda cannot launch a kernel (here: the
+/// GPU asked for on a machine without one) stop before any sample runs,
+/// with numba's own error and what to do, instead of scoring every sample
+/// as a runtime error. On a machine with a GPU the same command passes.
+#[test]
+fn numba_tasks_where_no_kernel_can_run_are_refused_up_front() {
+    let d = crate::common::tmpdir();
+    let cfg = d.path().join("device.toml");
+    std::fs::write(&cfg, "[exec]\ncuda = \"device\"\n").unwrap();
+    let tasks = d.path().join("one.jsonl");
+    let first = std::fs::read_to_string(root().join("data/numba_cuda_tasks.jsonl")).unwrap();
+    std::fs::write(&tasks, first.lines().next().unwrap()).unwrap();
+    let o = crate::common::falcon(&[
+        "exec",
+        "--tasks",
+        tasks.to_str().unwrap(),
+        "--samples",
+        "canonical",
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
+    let t = crate::common::text(&o);
+    if Path::new("/dev/nvidia0").exists() {
+        assert!(o.status.success(), "{t}");
+        return;
+    }
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("numba-cuda cannot compile and launch a test kernel"),
+        "{t}"
+    );
+    assert!(t.contains("CudaSupportError"), "{t}");
+    assert!(t.contains("(1 task, e.g. numba_cuda/"), "{t}");
+}

@@ -63,6 +63,19 @@ pub enum ExecError {
         python: String,
         missing: Vec<MissingModule>,
     },
+    /// numba-cuda imports but cannot compile and launch a kernel.
+    #[error(
+        "numba-cuda cannot compile and launch a test kernel with {python} ({mode}): {error}\n\
+         Every numba_cuda task ({needed_by}) would fail as a runtime error, and a run would \
+         learn nothing. Fix that Python's numba-cuda (e.g. a release that supports its numpy), \
+         set [exec] cuda = \"sim\" if the simulator works, or leave these tasks out."
+    )]
+    CudaKernel {
+        python: String,
+        mode: String,
+        needed_by: String,
+        error: String,
+    },
     /// Namespaces could not be made (or the first worker would not start).
     #[error(
         "cannot create the execution sandbox: {detail}\n\
@@ -272,8 +285,8 @@ impl Sandbox {
         let per_test = cfg.wall_limit_s() + 2.0;
         let budget = Duration::from_secs_f64(per_test * task.tests.len() as f64 + 10.0);
         let cap = (cfg.output_bytes + (1 << 20)) * 4 + 64 * task.tests.len() * 1024;
-        let attempt = || {
-            self.pool.with_worker(|w| {
+        let attempt = |fresh: bool| {
+            self.pool.with_worker(fresh, |w| {
                 let bytes = w.call(&body, Instant::now() + budget, cap)?;
                 serde_json::from_slice::<protocol::WireReply>(&bytes)
                     .map_err(|e| format!("malformed worker reply: {e}"))
@@ -299,8 +312,12 @@ impl Sandbox {
                 .as_deref()
                 .is_some_and(|why| why.contains("starved")),
         };
-        let first = attempt();
-        let reply = if never_ran(&first) { attempt() } else { first };
+        let first = attempt(false);
+        let reply = if never_ran(&first) {
+            attempt(true)
+        } else {
+            first
+        };
         match reply {
             Ok(r) => {
                 let mut report = protocol::report_from_reply(r, task.tests.len(), cfg.output_bytes);
@@ -389,14 +406,59 @@ impl Sandbox {
                 })
             })
             .collect();
-        if missing.is_empty() {
-            Ok(())
-        } else {
-            Err(ExecError::MissingModules {
+        if !missing.is_empty() {
+            return Err(ExecError::MissingModules {
                 python: python.display().to_string(),
                 missing,
-            })
+            });
         }
+        let numba: Vec<&&Task> = tasks
+            .iter()
+            .filter(|t| t.kind == crate::task::TaskKind::NumbaCuda)
+            .collect();
+        if let Some(first) = numba.first() {
+            self.require_cuda_kernel(&format!(
+                "{} task{}, e.g. {}",
+                numba.len(),
+                if numba.len() == 1 { "" } else { "s" },
+                first.id
+            ))?;
+        }
+        Ok(())
+    }
+
+    /// numba-cuda can import and still fail at its first kernel (numba-cuda
+    /// 0.30.4 with numpy 2.5 does: it registers `np.row_stack`, which numpy
+    /// removed), and then every numba_cuda sample is a runtime error. One
+    /// small kernel over arrays, compiled and launched in the sandbox's CUDA
+    /// mode (device or simulator), tells before any sample runs.
+    fn require_cuda_kernel(&self, needed_by: &str) -> Result<(), ExecError> {
+        let python = &self.pool.launch.python;
+        let probe = "import numpy as np\nfrom numba import cuda\n@cuda.jit\ndef k(a, out):\n    i = cuda.grid(1)\n    if i < out.size:\n        out[i] = a[i] * 2.0\na = np.arange(8, dtype=np.float64)\nout = np.zeros_like(a)\nk[1, 8](a, out)\nassert (out == 2 * a).all(), out\n";
+        let mut cmd = std::process::Command::new(python);
+        cmd.arg("-I").arg("-c").arg(probe).env_clear();
+        for (k, v) in isolation::sandbox_env(self.config()) {
+            cmd.env(k, v);
+        }
+        let mode = match isolation::resolve_cuda(self.config().cuda) {
+            crate::config::CudaMode::Sim => "numba's CUDA simulator",
+            _ => "the GPU",
+        };
+        let out = cmd.output().map_err(|e| ExecError::Missing {
+            what: format!("a working Python at {}", python.display()),
+            hint: format!("it could not be started to check numba-cuda: {e}"),
+        })?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = exception_text(&err);
+        Err(ExecError::CudaKernel {
+            python: python.display().to_string(),
+            mode: mode.into(),
+            needed_by: needed_by.into(),
+            error: last,
+        })
     }
 
     /// How many workers have been started lazily (replacements for dead or
@@ -404,6 +466,36 @@ impl Sandbox {
     pub fn lazy_starts(&self) -> u64 {
         self.pool.respawns.load(Ordering::Relaxed)
     }
+}
+
+/// The exception a Python traceback ends with (`Type: message`, the
+/// message's own lines joined), or its last line.
+fn exception_text(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr.lines().collect();
+    let is_exception = |l: &str| {
+        let head = l.split(':').next().unwrap_or("");
+        !l.starts_with(char::is_whitespace)
+            && l.contains(':')
+            && !head.is_empty()
+            && head
+                .chars()
+                .all(|c| c.is_alphanumeric() || c == '_' || c == '.')
+    };
+    let from = lines.iter().rposition(|l| is_exception(l));
+    let text = match from {
+        Some(i) => lines[i..]
+            .iter()
+            .map(|l| l.trim())
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join(" "),
+        None => lines
+            .iter()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .map_or("no error output".to_owned(), |l| l.trim().to_owned()),
+    };
+    text.chars().take(400).collect()
 }
 
 /// Pass/fail counts over a subset of a report's tests.
@@ -435,6 +527,22 @@ pub fn split_visible(report: &ExecReport, n_visible: usize) -> (TestCounts, Test
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_traceback_gives_its_exception_with_the_message_lines() {
+        let tb = "Traceback (most recent call last):\n  File \"x.py\", line 3, in <module>\n    raise E(\"a:\")\nnumba.cuda.cudadrv.error.CudaSupportError: Error at driver init: \n\nCUDA driver library cannot be found.\n:\n";
+        assert_eq!(
+            exception_text(tb),
+            "numba.cuda.cudadrv.error.CudaSupportError: Error at driver init: CUDA driver library cannot be found. :"
+        );
+        let tb = "Traceback (most recent call last):\n  File \"a.py\", line 6860, in <module>\n    overload(np.row_stack)(impl)\nAttributeError: module 'numpy' has no attribute 'row_stack'\n";
+        assert_eq!(
+            exception_text(tb),
+            "AttributeError: module 'numpy' has no attribute 'row_stack'"
+        );
+        assert_eq!(exception_text("  only indented\n"), "only indented");
+        assert_eq!(exception_text(""), "no error output");
+    }
     use super::*;
 
     #[test]

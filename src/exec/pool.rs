@@ -153,6 +153,13 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// Has the worker process already exited (reaped here if so)?
+    fn has_exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+}
+
 impl Drop for Worker {
     fn drop(&mut self) {
         self.kill();
@@ -218,6 +225,7 @@ impl Pool {
     /// worker for which `f` fails is dropped (killed), never reused.
     pub fn with_worker<T>(
         &self,
+        fresh: bool,
         f: impl FnOnce(&mut Worker) -> Result<T, String>,
     ) -> Result<T, String> {
         let (slot, existing) = {
@@ -236,6 +244,12 @@ impl Pool {
                 slots = self.freed.wait(slots).unwrap_or_else(|e| e.into_inner());
             }
         };
+        // An idle worker that has exited is replaced here rather than found
+        // dead when the job is written to it; `fresh` replaces any idle one
+        // (the retry of a job that never ran: on an H200 in device mode,
+        // several idle workers were found dead at once, so the next idle
+        // one is no better a bet).
+        let existing = existing.and_then(|mut w| (!fresh && !w.has_exited()).then_some(w));
         let mut worker = match existing {
             Some(w) => w,
             None => {
