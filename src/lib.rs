@@ -19,6 +19,9 @@ pub mod run_dir;
 // Task formats and loaders.
 pub mod task;
 
+// Custom CUDA kernels (NVRTC at run time) and their libtorch references.
+pub mod kernels;
+
 // The policy model, its loading and export, and the generation engines.
 pub mod model;
 

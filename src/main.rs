@@ -71,6 +71,10 @@ enum Cmd {
     /// rerun, an interrupted one resumes. Then summary.md, summary.csv and
     /// plots; see docs/train.md ("Ablations").
     Ablate(cli::ablate::AblateArgs),
+    /// Compile the custom CUDA kernels (no GPU needed), or measure one
+    /// against its libtorch reference on a GPU.
+    #[command(subcommand)]
+    Kernels(cli::kernels::KernelsCmd),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -85,6 +89,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let _ = falcon_rl::model::device::cuda_status();
     match cli.cmd {
         Cmd::Info => cli::info::run(),
+        Cmd::Kernels(c) => cli::kernels::run(c),
         Cmd::Generate(a) => cli::generate::run(a),
         Cmd::Chat(a) => cli::chat::run(a),
         Cmd::Convert(c) => cli::convert::run(c),

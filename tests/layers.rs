@@ -15,6 +15,7 @@ const ORDER: &[&[&str]] = &[
     &["run_dir"],
     &["task"],
     &["dist"],
+    &["kernels"],
     &["model"],
     &["exec"],
     &["reward"],

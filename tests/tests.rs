@@ -13,6 +13,7 @@ mod exec_reference;
 mod first_hour;
 mod gguf_smollm2;
 mod golden;
+mod kernels;
 mod layers;
 mod memory;
 mod model_io;

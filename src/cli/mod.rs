@@ -12,6 +12,7 @@ pub mod exec;
 pub mod export;
 pub mod generate;
 pub mod info;
+pub mod kernels;
 pub mod memory;
 pub mod report;
 pub mod score;

@@ -77,6 +77,13 @@ pub struct MetaConfig {
     /// Samples generated with θ_i on T_i for the meta-loss (line 12); 0 =
     /// `[train] group_size`.
     pub query_size: usize,
+    /// Evaluate the K tasks' fast weights in one batched pass (stacked
+    /// adapters, a gather-matmul per row) instead of one pass per task: the
+    /// same losses and gradients up to rounding, fewer and larger kernels
+    /// on a GPU. Holds up to K micro-batches' activations at once and does
+    /// not share prompts across samples (`[train] shared_prefix`) in that
+    /// pass. Not for Reptile or `inner_steps = 0`, which ignore it.
+    pub batch_tasks: bool,
 }
 
 impl Default for MetaConfig {
@@ -91,6 +98,7 @@ impl Default for MetaConfig {
             prompt: MetaPrompt::Table7,
             long_term_demos: 2,
             query_size: 0,
+            batch_tasks: false,
         }
     }
 }

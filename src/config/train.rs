@@ -93,6 +93,13 @@ pub struct TrainConfig {
     /// once per sample: the same losses and gradients up to float rounding
     /// (second-order MAML included), less compute.
     pub shared_prefix: bool,
+    /// Score sampled tokens from the hidden states in chunks
+    /// (`kernels::fused`; the CUDA kernel on a GPU) instead of full fp32
+    /// `[tokens × vocabulary]` logits: the same values and first-order
+    /// gradients up to rounding, a fraction of the memory. Applies with a
+    /// frozen output projection (LoRA); second-order MAML passes use the
+    /// plain path.
+    pub fused_logprobs: bool,
     /// Mixed precision for the update's forward passes: `"bf16"` or
     /// `"fp16"` autocast (matmuls in the low precision; weights, gradients,
     /// optimizer state and log-softmax in fp32) on the model's device, CPU
@@ -142,6 +149,7 @@ impl Default for TrainConfig {
             clip_eps: 0.2,
             micro_batch: 0,
             shared_prefix: true,
+            fused_logprobs: true,
             autocast: Autocast::Off,
             init_from: None,
             eval_before: false,

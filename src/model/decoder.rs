@@ -509,6 +509,7 @@ pub struct Decoder {
     lm_head: Option<Tensor>,
     inv_freq: Tensor,
     math_attention: std::cell::Cell<bool>,
+    fused_logprobs: std::cell::Cell<bool>,
 }
 
 /// Which positions of a forward pass need logits.
@@ -591,6 +592,7 @@ impl Decoder {
             lm_head,
             inv_freq,
             math_attention: std::cell::Cell::new(false),
+            fused_logprobs: std::cell::Cell::new(false),
         })
     }
 
@@ -1015,7 +1017,7 @@ impl Decoder {
             let sel = Tensor::from_slice(&sel).to_device(device);
             let tgt = Tensor::from_slice(&tgt).to_device(device);
             let hs = h.reshape([bc * t, d]).index_select(0, &sel);
-            values.push(token_logprobs(&self.project(&hs), &tgt));
+            values.push(self.score_hidden(&hs, &tgt)?);
         }
         // token_logprobs' kind (f32, or f64 for an f64 model).
         let out_kind = values.first().map_or(Kind::Float, Tensor::kind);
@@ -1027,6 +1029,60 @@ impl Decoder {
             out.index_add(0, &dest, &Tensor::cat(&values, 0))
         };
         Ok(out.view([b as i64, l as i64]))
+    }
+
+    /// `log p(targets)` `[N]` of final normalised hidden states `[N, H]`:
+    /// through [`crate::kernels::fused`] when it is switched on and applies
+    /// (a frozen output projection, first-order gradients), else by the
+    /// plain projection and [`token_logprobs`]. The same values up to float
+    /// rounding either way.
+    pub fn score_hidden(&self, hs: &Tensor, targets: &Tensor) -> Result<Tensor, ModelError> {
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+        if self.fused_logprobs.get() && !self.math_attention.get() && !head.requires_grad() {
+            use crate::kernels::{fused, KernelError};
+            let backend = fused::Backend::for_tensor(hs);
+            let out = match fused::token_logprobs(hs, head, targets, backend, None) {
+                // No NVRTC or driver here: the same chunked computation in libtorch.
+                Err(KernelError::Missing(why)) if backend == fused::Backend::Kernel => {
+                    static WARNED: std::sync::Once = std::sync::Once::new();
+                    WARNED.call_once(|| {
+                        eprintln!("falcon: the fused log-prob kernel is unavailable ({why}); using its libtorch path")
+                    });
+                    fused::token_logprobs(hs, head, targets, fused::Backend::Reference, None)
+                }
+                other => other,
+            };
+            return out
+                .map(|(lp, _)| lp)
+                .map_err(|e| ModelError::Invalid(format!("fused log-probs: {e}")));
+        }
+        Ok(token_logprobs(&self.project(hs), targets))
+    }
+
+    /// `log p` of `ids[:, start+1 .. start+1+w]` `[B, w]` given the tokens
+    /// before each, from one forward pass over `ids` `[B, T]`
+    /// ([`Decoder::score_hidden`] at the scored positions).
+    pub fn token_logprobs_from(
+        &self,
+        ids: &Tensor,
+        valid: &Tensor,
+        start: i64,
+        w: i64,
+        train: bool,
+    ) -> Result<Tensor, ModelError> {
+        let h = self.forward(ids, Some(valid), None, LogitsFor::Hidden, train)?;
+        let (b, d) = (h.size()[0], h.size()[2]);
+        let hs = h.narrow(1, start, w).reshape([b * w, d]);
+        let targets = ids.narrow(1, start + 1, w).reshape([b * w]);
+        Ok(self.score_hidden(&hs, &targets)?.view([b, w]))
+    }
+
+    /// Score through the fused log-prob path ([`crate::kernels::fused`])
+    /// where it applies: a frozen output projection (LoRA) and first-order
+    /// gradients. Off by default; the trainer switches it on from
+    /// `[train] fused_logprobs`.
+    pub fn set_fused_logprobs(&self, on: bool) {
+        self.fused_logprobs.set(on);
     }
 
     /// Compute attention with the composite kernel, whose backward can be
@@ -1245,6 +1301,56 @@ mod tests {
         let lens = [100, 100, 10, 10, 10, 10, 10, 10];
         assert_eq!(length_chunks(&lens, 128), [(0, 2), (2, 8)]);
         assert!(length_chunks(&[], 128).is_empty());
+    }
+
+    /// The fused log-prob path (a frozen output projection, as under LoRA)
+    /// gives the plain projection's log-probs and gradients, in both scoring
+    /// paths; with the composite attention of second-order MAML it steps
+    /// aside and the plain path runs.
+    #[test]
+    fn fused_scoring_matches_the_plain_projection() {
+        let (vs, d) = tiny();
+        let _ = d.embed_tokens.set_requires_grad(false);
+        let prompts: [&[i64]; 2] = [&[1, 2, 3], &[4, 5]];
+        let rows = [0i64, 1, 1];
+        let comps: [&[i64]; 3] = [&[6, 7, 8], &[9], &[10, 11, 12, 13]];
+        let ids = Tensor::from_slice(&[1i64, 2, 3, 4, 5, 6, 7, 8, 9, 10]).view([2, 5]);
+        let valid = ids.ones_like().to_kind(Kind::Bool);
+        let w = Tensor::randn([3, 4], (Kind::Float, Device::Cpu));
+        let run = |fused: bool| -> (Tensor, Tensor, Vec<Tensor>) {
+            d.set_fused_logprobs(fused);
+            let a = d
+                .shared_prefix_logprobs(&prompts, &rows, &comps, true)
+                .unwrap();
+            let b = d.token_logprobs_from(&ids, &valid, 1, 3, true).unwrap();
+            let params: Vec<Tensor> = vs
+                .trainable_variables()
+                .into_iter()
+                .filter(|p| p.requires_grad())
+                .collect();
+            let g = Tensor::run_backward(
+                &[(&a * &w).sum(Kind::Float) + b.sum(Kind::Float)],
+                &params,
+                false,
+                false,
+            );
+            (a.detach(), b.detach(), g)
+        };
+        let (a0, b0, g0) = run(false);
+        let (a1, b1, g1) = run(true);
+        assert_eq!(b1.size(), [2, 3]);
+        assert!((&a1 - &a0).abs().max().double_value(&[]) < 1e-5);
+        assert!((&b1 - &b0).abs().max().double_value(&[]) < 1e-5);
+        assert!(!g0.is_empty());
+        for (x, y) in g0.iter().zip(&g1) {
+            let scale = x.abs().max().double_value(&[]).max(1e-3);
+            assert!((x - y).abs().max().double_value(&[]) < 1e-4 * scale);
+        }
+        d.set_math_attention(true);
+        let (a2, _, _) = run(true);
+        let (a3, _, _) = run(false);
+        d.set_math_attention(false);
+        assert!((&a2 - &a3).abs().max().double_value(&[]) == 0.0);
     }
 
     #[test]

@@ -391,6 +391,70 @@ impl Policy {
         Ok(out)
     }
 
+    /// Run `f` with K sets of fast adapter weights at once: row `i` of every
+    /// batch `f` runs goes through `fast[rows[i]]` (`rows` `[B]`, i64, on the
+    /// model's device). Each set names every adapter factor, as
+    /// [`Policy::swap_adapters`] takes them; gradients reach each set's own
+    /// tensors. FALCON's meta-step evaluates its K tasks' fast weights in one
+    /// batch with this.
+    pub fn with_stacked_adapters<R>(
+        &mut self,
+        fast: &[&[(String, Tensor)]],
+        rows: &Tensor,
+        f: impl FnOnce(&mut Policy) -> R,
+    ) -> Result<R, ModelError> {
+        let maps: Vec<std::collections::HashMap<&str, &Tensor>> = fast
+            .iter()
+            .map(|w| w.iter().map(|(n, t)| (n.as_str(), t)).collect())
+            .collect();
+        let projections = self.model.projections();
+        let mut plan = Vec::new();
+        for (name, lin) in &projections {
+            let Some(ad) = &lin.adapter else { continue };
+            if lin.is_merged() {
+                return Err(ModelError::Invalid(format!(
+                    "{name}: the adapter is merged into the base weight; unmerge before \
+                     stacking fast weights"
+                )));
+            }
+            let mut parts = Vec::new();
+            for (suffix, own) in [("lora_A.weight", &ad.a), ("lora_B.weight", &ad.b)] {
+                let key = format!("{name}.{suffix}");
+                let mut ts = Vec::with_capacity(maps.len());
+                for m in &maps {
+                    let t = m.get(key.as_str()).ok_or_else(|| {
+                        ModelError::Invalid(format!("a set of fast weights lacks `{key}`"))
+                    })?;
+                    if t.size() != own.size() {
+                        return Err(ModelError::Invalid(format!(
+                            "fast weight `{key}` has shape {:?}, the adapter {:?}",
+                            t.size(),
+                            own.size()
+                        )));
+                    }
+                    ts.push(t.shallow_clone());
+                }
+                parts.push(Tensor::stack(&ts, 0));
+            }
+            let b = parts.pop().expect("two factors");
+            let a = parts.pop().expect("two factors");
+            plan.push((*lin, a, b));
+        }
+        for (lin, a, b) in plan {
+            lin.set_stacked(Some(super::lora::Stacked {
+                a,
+                b,
+                rows: rows.shallow_clone(),
+            }));
+        }
+        drop(projections);
+        let out = f(self);
+        for (_, lin) in self.model.projections() {
+            lin.set_stacked(None);
+        }
+        Ok(out)
+    }
+
     /// Turn text prompts into token ids (through the chat template if asked).
     pub fn encode_prompts(
         &self,

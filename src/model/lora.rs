@@ -7,7 +7,7 @@
 //! `scale · B A` into the base weight (for fast inference and export), and
 //! unmerging takes it out again.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 use tch::nn::Path;
 use tch::{Kind, Tensor};
@@ -49,6 +49,17 @@ pub struct LoraAdapter {
     /// Switched off: the layer computes the base projection only (the
     /// frozen reference policy of a KL penalty, without a second model).
     disabled: Cell<bool>,
+    /// Several adapters at once, one per batch row (see
+    /// [`LoraLinear::set_stacked`]); when set, they replace `a` and `b`.
+    stacked: RefCell<Option<Stacked>>,
+}
+
+/// K adapters' factors stacked, `a` `[K, r, in]` and `b` `[K, out, r]`, and
+/// the adapter of each batch row, `rows` `[B]`.
+pub struct Stacked {
+    pub a: Tensor,
+    pub b: Tensor,
+    pub rows: Tensor,
 }
 
 /// A linear projection (HF `nn.Linear` layout: weight `[out, in]`) that may
@@ -99,6 +110,7 @@ impl LoraLinear {
             dropout: cfg.dropout,
             merged: Cell::new(false),
             disabled: Cell::new(false),
+            stacked: RefCell::new(None),
         });
     }
 
@@ -119,6 +131,16 @@ impl LoraLinear {
                 } else {
                     x.shallow_clone()
                 };
+                if let Some(st) = &*ad.stacked.borrow() {
+                    let stack = crate::kernels::multi_lora::Stack {
+                        a: &st.a,
+                        b: &st.b,
+                        scale: ad.scale,
+                    };
+                    let low = crate::kernels::multi_lora::reference(&xin, &stack, &st.rows)
+                        .expect("stacked adapters fit the batch they were set for");
+                    return y + low;
+                }
                 let low = xin
                     .linear(&ad.a, None::<Tensor>)
                     .linear(&ad.b, None::<Tensor>);
@@ -134,6 +156,15 @@ impl LoraLinear {
             (ad.b.to_kind(Kind::Float).matmul(&ad.a.to_kind(Kind::Float)) * ad.scale)
                 .to_kind(self.weight.kind())
         })
+    }
+
+    /// Run K adapters at once, row `i` of the batch through adapter
+    /// `rows[i]` ([`crate::kernels::multi_lora`]); `None` goes back to the
+    /// layer's own adapter. Gradients reach every stacked factor.
+    pub fn set_stacked(&self, stacked: Option<Stacked>) {
+        if let Some(ad) = &self.adapter {
+            *ad.stacked.borrow_mut() = stacked;
+        }
     }
 
     pub fn is_merged(&self) -> bool {

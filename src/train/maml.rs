@@ -168,12 +168,65 @@ pub fn meta_backward(
     adapted: &Adapted,
     inner: &InnerLoop,
     second_order: bool,
-    mut inner_loss: impl PieceLoss,
+    inner_loss: impl PieceLoss,
     mut query_loss: impl PieceLoss,
 ) -> Result<BTreeMap<String, f64>, TrainError> {
-    let (mut v, parts) = gradient(policy, &adapted.fast, &mut query_loss)?;
+    let (v, parts) = gradient(policy, &adapted.fast, &mut query_loss)?;
+    carry_back(policy, theta, adapted, inner, second_order, inner_loss, v)?;
+    Ok(parts)
+}
+
+/// Each task's `v_i` (one tensor per fast weight) and its query-loss terms.
+pub type QueryGradients = (Vec<Vec<Tensor>>, Vec<BTreeMap<String, f64>>);
+
+/// The query losses of several tasks, each at its own fast weights, in one
+/// batched evaluation: `loss` gets the policy and the tasks' fast weights,
+/// hands each piece (a sum over tasks) to the sink and returns each task's
+/// term values. Since task i's loss depends only on its own fast weights,
+/// one gradient of the pieces gives every `v_i = ∇L_q,i(θ_i)` at once.
+pub fn query_gradients(
+    policy: &mut Policy,
+    adapted: &[&Adapted],
+    loss: impl FnOnce(
+        &mut Policy,
+        &[&[(String, Tensor)]],
+        &mut dyn FnMut(Tensor) -> Result<(), TrainError>,
+    ) -> Result<Vec<BTreeMap<String, f64>>, TrainError>,
+) -> Result<QueryGradients, TrainError> {
+    let fast: Vec<&[(String, Tensor)]> = adapted.iter().map(|a| a.fast.as_slice()).collect();
+    let all: Weights = fast
+        .iter()
+        .flat_map(|w| w.iter().map(|(n, t)| (n.clone(), t.shallow_clone())))
+        .collect();
+    let mut grads = undefined(all.len());
+    let parts = loss(policy, &fast, &mut |l: Tensor| {
+        if l.requires_grad() {
+            accumulate(&mut grads, grads_of(&l, &all, false)?);
+        }
+        Ok(())
+    })?;
+    let mut out = Vec::with_capacity(fast.len());
+    let mut it = grads.into_iter();
+    for w in &fast {
+        out.push(it.by_ref().take(w.len()).collect());
+    }
+    Ok((out, parts))
+}
+
+/// Carry one task's query gradient `v = ∇L_q(θ_i)` back to θ's `.grad`:
+/// as is (first order), or through the inner steps (second order; see
+/// [`meta_backward`]).
+pub fn carry_back(
+    policy: &mut Policy,
+    theta: &[(String, Tensor)],
+    adapted: &Adapted,
+    inner: &InnerLoop,
+    second_order: bool,
+    mut inner_loss: impl PieceLoss,
+    mut v: Vec<Tensor>,
+) -> Result<(), TrainError> {
     if v.iter().all(|t| !t.defined()) {
-        return Ok(parts);
+        return Ok(());
     }
     if second_order {
         policy.model.set_math_attention(true);
@@ -228,7 +281,7 @@ pub fn meta_backward(
     if let Some(s) = surrogate {
         s.backward();
     }
-    Ok(parts)
+    Ok(())
 }
 
 /// Reptile's outer step: θ ← θ + ε · mean_i(θ_i − θ), in place.
@@ -264,12 +317,12 @@ pub fn reptile_update(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{LoraConfig, LossWeights, Normalization};
-    use crate::model::{Dtype, LogitsFor};
+    use crate::config::{LossWeights, Normalization};
+    use crate::model::LogitsFor;
     use crate::reward::TokenSpan;
     use crate::train::optim::zero_grad;
     use crate::train::trainable;
-    use crate::train::update::{seqs_loss, UpdateSeq};
+    use crate::train::update::{seqs_loss, seqs_loss_batched, UpdateSeq};
     use std::path::Path;
     use tch::{Device, Kind};
 
@@ -277,23 +330,7 @@ mod tests {
     /// (rank 2 on q/v, B random so that every term has a gradient), in
     /// double precision so that finite differences are accurate.
     fn tiny_policy(dir: &Path) -> Policy {
-        let config = serde_json::json!({
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-            "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
-            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
-            "vocab_size": 64, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0, "tie_word_embeddings": true, "hidden_act": "silu",
-        });
-        crate::model::generate::write_random_model(dir, &config, 11, 0.3).unwrap();
-        let mut p = Policy::load(dir, Dtype::Fp32, Device::Cpu).unwrap();
-        p.attach_lora(&LoraConfig {
-            enabled: true,
-            rank: 2,
-            alpha: 4.0,
-            dropout: 0.0,
-            targets: vec!["q_proj".into(), "v_proj".into()],
-        })
-        .unwrap();
+        let mut p = crate::train::testing::tiny_lora_policy(dir);
         p.vs.set_kind(Kind::Double);
         tch::no_grad(|| {
             for (n, t) in trainable(&p) {
@@ -450,6 +487,76 @@ mod tests {
                 let _ = p.shallow_clone().g_add_(&(d * h));
             }
         });
+    }
+
+    /// K tasks' query losses in one batched pass (stacked fast adapters,
+    /// tasks of different lengths padded together) give the per-task loop's
+    /// meta-gradient and loss values, first and second order, whole or in
+    /// micro-batches.
+    #[test]
+    fn batched_query_pass_equals_the_per_task_loop() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = tiny_policy(dir.path());
+        let support: Vec<Data> = (0..3).map(Data::new).collect();
+        let mut query: Vec<Data> = (0..3).map(|i| Data::new(10 + i)).collect();
+        query[1].ids[0].1.extend([5, 6, 7, 8]);
+        query[2].ids.truncate(3);
+        query[2].adv.truncate(3);
+        query[2].spans.truncate(3);
+        let inner = InnerLoop { steps: 1, lr: 0.1 };
+        let theta = trainable(&p);
+        for size in [0, 2] {
+            for second in [false, true] {
+                zero_grad(&theta);
+                let mut want_parts = Vec::new();
+                for (s, q) in support.iter().zip(&query) {
+                    let ad = adapt(&mut p, &theta, &inner, pieces(s, &W, size)).unwrap();
+                    want_parts.push(
+                        meta_backward(
+                            &mut p,
+                            &theta,
+                            &ad,
+                            &inner,
+                            second,
+                            pieces(s, &W, size),
+                            pieces(q, &W, size),
+                        )
+                        .unwrap(),
+                    );
+                }
+                let want = flat(&theta, true);
+                zero_grad(&theta);
+                let ads: Vec<Adapted> = support
+                    .iter()
+                    .map(|s| adapt(&mut p, &theta, &inner, pieces(s, &W, size)).unwrap())
+                    .collect();
+                let qs: Vec<Vec<UpdateSeq>> = query.iter().map(Data::seqs).collect();
+                let qrefs: Vec<&[UpdateSeq]> = qs.iter().map(Vec::as_slice).collect();
+                let refs: Vec<&Adapted> = ads.iter().collect();
+                let (vs, parts) = query_gradients(&mut p, &refs, |pp, fast, sink| {
+                    seqs_loss_batched(pp, &qrefs, fast, size, Normalization::TokenMean, &W, sink)
+                })
+                .unwrap();
+                for ((v, ad), s) in vs.into_iter().zip(&ads).zip(&support) {
+                    carry_back(&mut p, &theta, ad, &inner, second, pieces(s, &W, size), v).unwrap();
+                }
+                let got = flat(&theta, true);
+                let scale = want.abs().max().double_value(&[]);
+                assert!(scale > 1e-6);
+                let diff = (&got - &want).abs().max().double_value(&[]);
+                assert!(
+                    diff < 1e-9 * scale,
+                    "size {size} second {second}: {diff} vs {scale}"
+                );
+                for (a, b) in parts.iter().zip(&want_parts) {
+                    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+                    for (k, x) in a {
+                        assert!((x - b[k]).abs() < 1e-10, "{k}: {x} vs {}", b[k]);
+                    }
+                }
+            }
+        }
+        zero_grad(&theta);
     }
 
     #[test]

@@ -23,6 +23,7 @@
 pub mod ablate;
 pub mod advantage;
 mod batch;
+mod budget;
 pub mod checkpoint;
 mod events;
 pub mod losses;
@@ -319,4 +320,34 @@ pub fn train(
         before_after,
         memory,
     })
+}
+
+/// What the unit tests of several train modules build on.
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::config::{Dtype, LoraConfig};
+    use crate::model::Policy;
+
+    /// A 2-layer, 16-wide Llama (vocab 64) with random weights written to
+    /// `dir`, in fp32 on the CPU, with LoRA of rank 2 on q/v.
+    pub fn tiny_lora_policy(dir: &std::path::Path) -> Policy {
+        let config = serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+            "vocab_size": 64, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "tie_word_embeddings": true, "hidden_act": "silu",
+        });
+        crate::model::generate::write_random_model(dir, &config, 11, 0.3).unwrap();
+        let mut p = Policy::load(dir, Dtype::Fp32, tch::Device::Cpu).unwrap();
+        p.attach_lora(&LoraConfig {
+            enabled: true,
+            rank: 2,
+            alpha: 4.0,
+            dropout: 0.0,
+            targets: vec!["q_proj".into(), "v_proj".into()],
+        })
+        .unwrap();
+        p
+    }
 }

@@ -96,6 +96,7 @@ pub fn prepare_policy(cfg: &RunConfig, policy: &mut Policy) -> Result<(), TrainE
         tch::manual_seed(mix(cfg.run.seed, u64::MAX) as i64);
         policy.attach_lora(&cfg.model.lora)?;
     }
+    policy.model.set_fused_logprobs(cfg.train.fused_logprobs);
     Ok(())
 }
 
@@ -220,6 +221,7 @@ impl<'a> TrainState<'a> {
                 "[model.lora] enabled does not match the policy: call prepare_policy first".into(),
             ));
         }
+        super::budget::check(&cfg, recipe, policy, tasks, sandbox.workers())?;
         let t = &cfg.train;
         let optimizer: Box<dyn Optimizer> = match t.optimizer {
             OptimizerKind::Adamw => Box::new(AdamW::new(AdamWConfig {

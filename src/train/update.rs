@@ -8,9 +8,7 @@ use std::collections::BTreeMap;
 
 use tch::{Device, Kind, Tensor};
 
-use super::losses::{
-    fine_grained_loss, kl_penalty, pg_loss, sl_loss, token_logprobs, total_loss, PgBatch,
-};
+use super::losses::{fine_grained_loss, kl_penalty, pg_loss, sl_loss, total_loss, PgBatch};
 use super::optim::{clip_grad_norm, zero_grad, Optimizer};
 use super::{trainable, TrainError};
 use crate::config::{LossWeights, Normalization, TrainConfig};
@@ -235,17 +233,9 @@ fn batch_logprobs(policy: &Policy, mb: &MicroBatch, train: bool) -> Result<Tenso
     }
     let t = mb.ids.size()[1];
     let w = t - 1 - mb.start;
-    let logits = policy.model.forward(
-        &mb.ids,
-        Some(&mb.valid),
-        None,
-        crate::model::LogitsFor::From(mb.start),
-        train,
-    )?;
-    Ok(token_logprobs(
-        &logits.narrow(1, 0, w),
-        &mb.ids.narrow(1, mb.start + 1, w),
-    ))
+    Ok(policy
+        .model
+        .token_logprobs_from(&mb.ids, &mb.valid, mb.start, w, train)?)
 }
 
 /// The weighted loss of one micro-batch from its log-probs (`old`: those
@@ -341,6 +331,99 @@ pub(super) fn seqs_loss(
         piece(l)?;
     }
     Ok(sum)
+}
+
+/// [`seqs_loss`] of K tasks, each at its own fast weights `fast[i]`, with
+/// the forward passes of the K tasks run as one batch through stacked
+/// adapters ([`Policy::with_stacked_adapters`]): round j runs the j-th
+/// micro-batch of every task that has one, padded to the longest. Each
+/// task's loss keeps its own normalisers, so the pieces handed to `piece`
+/// (one per round, the sum over its tasks) add up to `Σ_i L_i(θ_i)`, and
+/// each task's term values come back. Prompts are not shared across rows
+/// here (the plain forward), and a round holds up to K micro-batches'
+/// activations.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn seqs_loss_batched(
+    policy: &mut Policy,
+    tasks: &[&[UpdateSeq]],
+    fast: &[&[(String, Tensor)]],
+    size: usize,
+    norm: Normalization,
+    w: &LossWeights,
+    piece: &mut dyn FnMut(Tensor) -> Result<(), TrainError>,
+) -> Result<Vec<BTreeMap<String, f64>>, TrainError> {
+    if tasks.len() != fast.len() {
+        return Err(TrainError::Invalid(format!(
+            "{} tasks but {} sets of fast weights",
+            tasks.len(),
+            fast.len()
+        )));
+    }
+    let mut per_task = Vec::with_capacity(tasks.len());
+    for seqs in tasks {
+        per_task.push(micro_batches(policy, seqs, size, norm, w.kl > 0.0, false)?);
+    }
+    let mut sums: Vec<BTreeMap<String, f64>> = vec![BTreeMap::new(); tasks.len()];
+    let rounds = per_task.iter().map(Vec::len).max().unwrap_or(0);
+    let device = policy.device();
+    for j in 0..rounds {
+        let group: Vec<usize> = (0..tasks.len())
+            .filter(|&i| j < per_task[i].len())
+            .collect();
+        let mbs: Vec<&MicroBatch> = group.iter().map(|&i| &per_task[i][j]).collect();
+        let t_max = mbs.iter().map(|m| m.ids.size()[1]).max().unwrap_or(2);
+        let start = mbs.iter().map(|m| m.start).min().unwrap_or(0);
+        let ids = Tensor::cat(
+            &mbs.iter()
+                .map(|m| m.ids.constant_pad_nd([0, t_max - m.ids.size()[1]]))
+                .collect::<Vec<_>>(),
+            0,
+        );
+        let valid = Tensor::cat(
+            &mbs.iter()
+                .map(|m| {
+                    m.valid
+                        .to_kind(Kind::Int64)
+                        .constant_pad_nd([0, t_max - m.valid.size()[1]])
+                        .to_kind(Kind::Bool)
+                })
+                .collect::<Vec<_>>(),
+            0,
+        );
+        let mut rows = Vec::new();
+        for (k, m) in mbs.iter().enumerate() {
+            rows.extend(std::iter::repeat_n(k as i64, m.ids.size()[0] as usize));
+        }
+        let rows = Tensor::from_slice(&rows).to_device(device);
+        let sets: Vec<&[(String, Tensor)]> = group.iter().map(|&i| fast[i]).collect();
+        let w_all = t_max - 1 - start;
+        let logp = policy.with_stacked_adapters(&sets, &rows, |p| {
+            p.model
+                .token_logprobs_from(&ids, &valid, start, w_all, true)
+        })??;
+        let mut total: Option<Tensor> = None;
+        let mut row = 0;
+        for (k, m) in mbs.iter().enumerate() {
+            let b = m.ids.size()[0];
+            let w_own = m.ids.size()[1] - 1 - m.start;
+            let lp = logp.narrow(0, row, b).narrow(1, m.start - start, w_own);
+            row += b;
+            let (l, parts) = mb_loss(m, &lp, lp.detach(), None, norm, w)?;
+            let sum = &mut sums[group[k]];
+            *sum.entry("total".into()).or_insert(0.0) += l.double_value(&[]);
+            for (name, v) in parts {
+                *sum.entry(name).or_insert(0.0) += v;
+            }
+            total = Some(match total {
+                Some(t) => t + l,
+                None => l,
+            });
+        }
+        if let Some(t) = total {
+            piece(t)?;
+        }
+    }
+    Ok(sums)
 }
 
 /// The policy update on one generated batch: `ppo_epochs` optimizer

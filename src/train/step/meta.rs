@@ -18,12 +18,14 @@ use crate::rollout::{falcon_prompts, task_prompt};
 use crate::task::Task;
 use crate::train::batch::Rollout;
 use crate::train::events::StepRecord;
-use crate::train::maml::{adapt, meta_backward, reptile_update, Adapted, InnerLoop, Weights};
+use crate::train::maml::{
+    adapt, carry_back, meta_backward, query_gradients, reptile_update, Adapted, InnerLoop, Weights,
+};
 use crate::train::memories::{demonstrations, OwnedSeq};
 use crate::train::metrics::JsonlWriter;
 use crate::train::optim::{clip_grad_norm, zero_grad};
 use crate::train::state::mix;
-use crate::train::update::{seqs_loss, UpdateSeq};
+use crate::train::update::{seqs_loss, seqs_loss_batched, UpdateSeq};
 use crate::train::{trainable, TrainError, TrainState};
 
 /// Prompts of the step: FALCON's Table 7 with the retrieved history when
@@ -50,6 +52,53 @@ fn prompts(
         }
         None => Ok((zero_shot(), vec![Vec::new(); tasks.len()])),
     }
+}
+
+/// Line 9 beyond the task's own samples: rows drawn from short-term
+/// memory and passing neighbours from long-term memory as demonstrations.
+fn inner_extra(
+    s: &mut TrainState,
+    task: &Task,
+    hits: &[Retrieved],
+) -> Result<Vec<OwnedSeq>, TrainError> {
+    let m = &s.cfg.meta;
+    let mut extra = s
+        .memory
+        .as_mut()
+        .expect("meta runs have memory")
+        .draw(m.short_term_samples);
+    extra.extend(demonstrations(
+        s.policy,
+        &s.cfg.train.instruction,
+        hits,
+        task,
+        m.long_term_demos,
+    )?);
+    Ok(extra)
+}
+
+/// Line 12: `q` samples of `task` (from `seed`) with its fast weights
+/// swapped in; the seconds they took are added to `outside` (they are not
+/// the update's).
+fn sample_at(
+    s: &mut TrainState,
+    fast: &Weights,
+    task: &Task,
+    prompts: &[String],
+    (q, seed): (usize, u64),
+    seconds: &mut BTreeMap<String, f64>,
+    outside: &mut f64,
+) -> Result<Rollout, TrainError> {
+    let before: f64 = seconds.values().sum();
+    let mut slot: Weights = fast
+        .iter()
+        .map(|(n, x)| (n.clone(), x.shallow_clone()))
+        .collect();
+    s.policy.swap_adapters(&mut slot)?;
+    let qr = s.sample(&[task], prompts, q, seed, seconds);
+    s.policy.swap_adapters(&mut slot)?;
+    *outside += seconds.values().sum::<f64>() - before;
+    qr
 }
 
 /// One meta-step of Algorithm 1 over the step's task batch; its samples
@@ -81,21 +130,86 @@ pub fn step(s: &mut TrainState, samples_log: &mut JsonlWriter) -> Result<StepRec
     let mut queries: Vec<Rollout> = Vec::with_capacity(tasks.len());
     let support_seqs = support.seqs();
     let mut outside = 0.0;
-    for (i, task) in tasks.iter().enumerate() {
+    let batched = m.batch_tasks && m.inner_steps > 0 && m.algorithm != MetaAlgorithm::Reptile;
+    if batched {
+        // Line 9 for every task first: what short-term memory and the
+        // demonstrations give a task does not depend on other tasks'
+        // adaptations, so the draws are the loop's own.
+        let mut extras: Vec<Vec<OwnedSeq>> = Vec::with_capacity(tasks.len());
+        for (i, task) in tasks.iter().enumerate() {
+            extras.push(inner_extra(s, task, &hits[i])?);
+        }
+        let batches: Vec<Vec<UpdateSeq>> = extras
+            .iter()
+            .enumerate()
+            .map(|(i, extra)| {
+                let mut b: Vec<UpdateSeq> = support_seqs[i * g..(i + 1) * g].to_vec();
+                b.extend(extra.iter().map(OwnedSeq::as_seq));
+                b
+            })
+            .collect();
+        let mb = t.micro_batch;
+        let inner_loss_of = |i: usize| {
+            let batch = &batches[i];
+            let t = &t;
+            move |p: &mut Policy, sink: &mut dyn FnMut(Tensor) -> Result<(), TrainError>| {
+                seqs_loss(
+                    p,
+                    batch,
+                    mb,
+                    t.normalization,
+                    &t.loss,
+                    t.shared_prefix,
+                    sink,
+                )
+            }
+        };
+        // Lines 10–12 per task: adapt, then sample with θ_i.
+        let mut ads: Vec<Adapted> = Vec::with_capacity(tasks.len());
+        for (i, task) in tasks.iter().enumerate() {
+            let ad = adapt(s.policy, &theta, &inner, inner_loss_of(i))?;
+            inner_first += ad.losses.first().copied().unwrap_or(0.0) / tasks.len() as f64;
+            let seed_i = mix(seed, i as u64 + 1);
+            let qr = sample_at(
+                s,
+                &ad.fast,
+                task,
+                &prompts[i..=i],
+                (q, seed_i),
+                &mut seconds,
+                &mut outside,
+            )?;
+            queries.push(qr);
+            ads.push(ad);
+        }
+        // Line 14: every task's query loss at its θ_i in one batched pass.
+        let qs: Vec<Vec<UpdateSeq>> = queries.iter().map(Rollout::seqs).collect();
+        let qrefs: Vec<&[UpdateSeq]> = qs.iter().map(Vec::as_slice).collect();
+        let ad_refs: Vec<&Adapted> = ads.iter().collect();
+        let (vs, parts) = query_gradients(s.policy, &ad_refs, |p, fast, sink| {
+            seqs_loss_batched(p, &qrefs, fast, mb, t.normalization, &t.loss, sink)
+        })?;
+        for (i, v) in vs.into_iter().enumerate() {
+            carry_back(
+                s.policy,
+                &theta,
+                &ads[i],
+                &inner,
+                second_order,
+                inner_loss_of(i),
+                v,
+            )?;
+        }
+        for p in parts {
+            for (k, v) in p {
+                *loss.entry(k).or_insert(0.0) += v;
+            }
+        }
+    }
+    for (i, task) in tasks.iter().enumerate().filter(|_| !batched) {
         // Line 9: the task's own samples, short-term rows, and passing
         // neighbours from long-term memory.
-        let mut extra = s
-            .memory
-            .as_mut()
-            .expect("meta runs have memory")
-            .draw(m.short_term_samples);
-        extra.extend(demonstrations(
-            s.policy,
-            &t.instruction,
-            &hits[i],
-            task,
-            m.long_term_demos,
-        )?);
+        let extra = inner_extra(s, task, &hits[i])?;
         let mut batch: Vec<UpdateSeq> = support_seqs[i * g..(i + 1) * g].to_vec();
         batch.extend(extra.iter().map(OwnedSeq::as_seq));
         let mb = t.micro_batch;
@@ -132,23 +246,16 @@ pub fn step(s: &mut TrainState, samples_log: &mut JsonlWriter) -> Result<StepRec
         let ad = adapt(s.policy, &theta, &inner, inner_loss)?;
         inner_first += ad.losses.first().copied().unwrap_or(0.0) / tasks.len() as f64;
         // Line 12: evaluate θ_i on T_i.
-        let before: f64 = seconds.values().sum();
-        let mut slot: Weights = ad
-            .fast
-            .iter()
-            .map(|(n, x)| (n.clone(), x.shallow_clone()))
-            .collect();
-        s.policy.swap_adapters(&mut slot)?;
-        let qr = s.sample(
-            &[*task],
+        let seed_i = mix(seed, i as u64 + 1);
+        let qr = sample_at(
+            s,
+            &ad.fast,
+            task,
             &prompts[i..=i],
-            q,
-            mix(seed, i as u64 + 1),
+            (q, seed_i),
             &mut seconds,
-        );
-        s.policy.swap_adapters(&mut slot)?;
-        let qr = qr?;
-        outside += seconds.values().sum::<f64>() - before;
+            &mut outside,
+        )?;
         // Line 14: L_meta = Σ_i L_inner(θ_i) on the evaluation samples.
         let qs = qr.seqs();
         let query_loss =

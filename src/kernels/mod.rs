@@ -1,0 +1,57 @@
+//! Custom CUDA kernels for the hot spots libtorch does not serve well, and
+//! the libtorch reference path of each, which is what runs on CPU and what
+//! the tests compare against.
+//!
+//! The CUDA C sources live in `kernels/` at the top of the repository and
+//! are embedded in the binary. NVRTC compiles them at run time for the
+//! device at hand and the driver API launches them, both through `cudarc`
+//! with the libraries loaded at run time ([`toolchain`]): the same binary
+//! builds and runs on machines with no CUDA at all, and a CPU machine can
+//! still compile every kernel to PTX and assemble it (`ptxas`), which is
+//! what CI checks.
+//!
+//! - [`fused`]: log-probs (and entropies) of sampled tokens straight from
+//!   the last hidden states and the output projection, in chunks, never
+//!   materialising fp32 `[tokens × vocabulary]` logits.
+//! - [`multi_lora`]: LoRA with one adapter per row (a gather-matmul over
+//!   per-row adapter indices), so K tasks' fast adapters run in one batch.
+//! - [`device`]: the device's free and total memory, and kernel launches.
+
+pub mod device;
+pub mod fused;
+pub mod multi_lora;
+pub mod toolchain;
+
+/// Every kernel source: `(name, CUDA C)`.
+pub const SOURCES: &[(&str, &str)] = &[
+    (
+        "token_logprobs",
+        include_str!("../../kernels/token_logprobs.cu"),
+    ),
+    ("lora_bgmv", include_str!("../../kernels/lora_bgmv.cu")),
+];
+
+/// Helpers every kernel includes (`#include "common.cuh"`, expanded by
+/// [`toolchain::source`]: the sources compile from memory, with no
+/// include directory).
+pub const COMMON: &str = include_str!("../../kernels/common.cuh");
+
+/// What can go wrong finding, compiling or running a kernel.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// A CUDA library or tool is not on this machine.
+    #[error("{0}")]
+    Missing(String),
+    #[error("NVRTC could not compile kernels/{name}.cu:\n{log}")]
+    Compile { name: String, log: String },
+    #[error("ptxas could not assemble kernels/{name}.cu for {arch}:\n{log}")]
+    Assemble {
+        name: String,
+        arch: String,
+        log: String,
+    },
+    #[error("CUDA driver: {0}")]
+    Driver(String),
+    #[error("{0}")]
+    Invalid(String),
+}
