@@ -105,7 +105,7 @@ pub fn token_logprobs(
             let yc = targets.narrow(0, lo, c);
             let z = hc.mm(&head.transpose(0, 1));
             let (lp, ent, p) = match backend {
-                Backend::Reference => reference_stats(&z, &yc, out),
+                Backend::Reference => reference_stats(z, &yc, out),
                 Backend::Kernel => kernel_stats(z, &yc)?,
             };
             let e = p.mm(head);
@@ -137,13 +137,19 @@ pub fn token_logprobs(
 }
 
 /// Log-probs, entropies and the softmax (in the logits' dtype) of logits
-/// `z` `[c, V]`, computed in `out` precision with libtorch.
-fn reference_stats(z: &Tensor, y: &Tensor, out: Kind) -> (Tensor, Tensor, Tensor) {
-    let logp = z.log_softmax(-1, out);
+/// `z` `[c, V]`, computed in `out` precision with libtorch. At most two
+/// chunk-sized buffers are alive at once: `z` is dropped once the
+/// log-softmax exists, and the entropy's product is taken in place.
+fn reference_stats(z: Tensor, y: &Tensor, out: Kind) -> (Tensor, Tensor, Tensor) {
+    let kind = z.kind();
+    let mut logp = z.log_softmax(-1, out);
+    drop(z);
     let lp = logp.gather(-1, &y.unsqueeze(-1), false).squeeze_dim(-1);
     let p = logp.exp();
-    let ent = -(&p * &logp).sum_dim_intlist(-1, false, out);
-    (lp, ent, p.to_kind(z.kind()))
+    let _ = logp.g_mul_(&p);
+    let ent = -logp.sum_dim_intlist(-1, false, out);
+    drop(logp);
+    (lp, ent, p.to_kind(kind))
 }
 
 /// The same with the CUDA kernel: `z` is overwritten by its softmax.
