@@ -57,6 +57,12 @@ fn info_reports_cuda_status() {
     let o = falcon(&["info"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("cuda devices:"), "{}", text(&o));
+    // Set-up's torch wheel brings NVRTC, so the custom kernels can compile here.
+    assert!(
+        text(&o).contains("custom kernels: NVRTC ") && text(&o).contains("libnvrtc.so.13"),
+        "{}",
+        text(&o)
+    );
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! `falcon info`: versions, threads, CUDA status and the embedded model.
+//! `falcon info`: versions, threads, CUDA status, where the custom kernels'
+//! compiler comes from, and the embedded model.
 
 use anyhow::Result;
 
@@ -13,6 +14,10 @@ pub fn run() -> Result<()> {
     println!("cuda devices: {}", cuda.device_count);
     if let Some(r) = &cuda.reason {
         println!("cuda unavailable: {r}");
+    }
+    match falcon_rl::kernels::toolchain::load_nvrtc() {
+        Ok(at) => println!("custom kernels: NVRTC {at}"),
+        Err(e) => println!("custom kernels: libtorch reference paths only ({e})"),
     }
     match hub::embedded_gguf() {
         Ok(p) => println!("embedded model: {}", p.display()),

@@ -55,9 +55,10 @@ fn dlopen(path: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Load NVRTC (and its builtins) once; the error says where it looked.
-pub fn load_nvrtc() -> Result<(), KernelError> {
-    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+/// Load NVRTC (and its builtins) once and say from where; the error says
+/// where it looked.
+pub fn load_nvrtc() -> Result<String, KernelError> {
+    static DONE: OnceLock<Result<String, String>> = OnceLock::new();
     DONE.get_or_init(|| {
         let mut tried = Vec::new();
         for dir in lib_dirs() {
@@ -70,20 +71,22 @@ pub fn load_nvrtc() -> Result<(), KernelError> {
             if builtins.exists() {
                 dlopen(&builtins.to_string_lossy())?;
             }
-            return dlopen(&lib.to_string_lossy());
+            return dlopen(&lib.to_string_lossy()).map(|()| lib.display().to_string());
         }
         // Last, whatever the library path holds.
-        dlopen("libnvrtc.so.13").map_err(|e| {
-            format!(
-                "NVRTC (libnvrtc.so.13) not found: looked at {} and the library path ({e}); \
+        dlopen("libnvrtc.so.13")
+            .map(|()| "libnvrtc.so.13 (library path)".to_string())
+            .map_err(|e| {
+                format!(
+                    "NVRTC (libnvrtc.so.13) not found: looked at {} and the library path ({e}); \
                  run scripts/setup (the torch wheel brings it) or set FALCON_CUDA_LIB_DIR",
-                if tried.is_empty() {
-                    "no torch wheel".to_string()
-                } else {
-                    tried.join(", ")
-                }
-            )
-        })
+                    if tried.is_empty() {
+                        "no torch wheel".to_string()
+                    } else {
+                        tried.join(", ")
+                    }
+                )
+            })
     })
     .clone()
     .map_err(KernelError::Missing)
