@@ -89,6 +89,18 @@ pub fn token_logprobs(
             "fused log-probs need a frozen output projection".into(),
         ));
     }
+    // The kernel reads the target's logit without a bounds check.
+    if n > 0 {
+        let (lo, hi) = (
+            targets.min().int64_value(&[]),
+            targets.max().int64_value(&[]),
+        );
+        if lo < 0 || hi >= v {
+            return Err(KernelError::Invalid(format!(
+                "fused log-probs: token ids {lo}..={hi} outside the vocabulary of {v}"
+            )));
+        }
+    }
     let out = if h.kind() == Kind::Double {
         Kind::Double
     } else {
@@ -244,6 +256,8 @@ mod tests {
         assert!(token_logprobs(&h, &trainable, &y, Backend::Reference, None).is_err());
         let short = y.narrow(0, 0, 3);
         assert!(token_logprobs(&h, &head, &short, Backend::Reference, None).is_err());
+        let past = y.ones_like() * 101;
+        assert!(token_logprobs(&h, &head, &past, Backend::Reference, None).is_err());
     }
 
     #[test]
