@@ -265,7 +265,8 @@ def numba_run(bin_, md, work, rows, cfg, mutants, label):
     with open(tcfg, "w") as f:
         f.write(train_config(name, md, work, "", "", steps=1000))
     trainer = subprocess.Popen([bin_, "train", "--config", tcfg, "--overwrite"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               stdout=subprocess.DEVNULL,
+                               stderr=open(os.path.join(work, name + ".log"), "w"))
     try:
         held = 0
         for _ in range(40):  # until the trainer holds its memory (model + first step)
@@ -290,7 +291,8 @@ def numba_run(bin_, md, work, rows, cfg, mutants, label):
     kinds = {}
     for r in canon:
         if r["report"]["outcome"] != "pass":
-            k = r["report"]["error_kind"] or r["report"]["outcome"]
+            rep = r["report"]
+            k = rep["error_kind"] or rep["outcome"] or ("no signal: " + (rep.get("no_signal") or "?")[:70])
             kinds[k] = kinds.get(k, 0) + 1
     ok = passed == len(canon) == 36 and caught == len(by_task)
     rows.append(("numba-cuda on device", label,
