@@ -5,7 +5,9 @@ Both sides load the same HF directory, use the same dtype, device, batch,
 thread count and prompt, decode greedily for exactly N new tokens, and are
 timed around generation only (model load excluded, one warm-up run each),
 the two sides alternating run by run.
-Prints one row per (dtype, batch) and the ratio falcon / transformers.
+Prints one row per (dtype, batch): medians with min-max and the ratio falcon / transformers,
+the load average, and decode at batch 1 as a share of the machine's memory roofline (weight
+bytes per token x tokens/s against a large copy on the same threads).
 
 With --ragged N, a second table times one batch of N prompts of different lengths (evenly
 spread from --ragged-max/8 to --ragged-max tokens, the shape of a repair round's prompts) with
@@ -54,14 +56,48 @@ def falcon_seconds(bin_, model, dtype, prompts, tokens, threads, device):
         os.unlink(f.name)
 
 
-def interleaved(repeats, hf_once, ours_once):
+RUNS = {}  # (side, key) -> every run's figure, for the min-max columns
+
+
+def interleaved(repeats, hf_once, ours_once, key=None):
     """Medians of `repeats` runs of each side, alternating, so that a noisy neighbour slows
     both sides alike: (transformers, falcon)."""
     hf_runs, our_runs = [], []
     for _ in range(repeats):
         hf_runs.append(hf_once())
         our_runs.append(ours_once())
+    if key is not None:
+        RUNS[("hf", key)], RUNS[("ours", key)] = hf_runs, our_runs
     return statistics.median(hf_runs), statistics.median(our_runs)
+
+
+def spread(side, key):
+    r = RUNS.get((side, key), [])
+    return f"{min(r):.1f}-{max(r):.1f}" if r else "-"
+
+
+def copy_bandwidth(threads, mb=512, repeats=5):
+    """Bytes moved per second (read + write) by a large tensor copy on `threads` threads: the
+    memory roofline decode at batch 1 is measured against."""
+    import torch
+
+    torch.set_num_threads(threads)
+    x = torch.ones(mb * 1024 * 1024 // 4, dtype=torch.float32)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        y.copy_(x)
+        times.append(time.perf_counter() - t0)
+    return 2 * x.numel() * 4 / statistics.median(times)
+
+
+def loadavg():
+    try:
+        return open("/proc/loadavg").read().split()[0]
+    except OSError:
+        return "?"
 
 
 def hf_model(model_dir, dtype, dev):
@@ -138,11 +174,13 @@ def main():
     tok = AutoTokenizer.from_pretrained(model_dir)
     dev = "cuda" if a.device.startswith("cuda") else "cpu"
     print(f"model: {model_dir}\ndevice: {a.device}, threads: {a.threads}, new tokens: {a.tokens}, "
-          f"greedy, repeats: {a.repeats} (median)\n")
+          f"greedy, repeats: {a.repeats} (median, min-max), load average {loadavg()}\n")
     rows = []
     batches = [int(b) for b in a.batches.split(",") if b]
     if batches:
-        print(f"{'dtype':6} {'batch':>5} {'falcon tok/s':>13} {'transformers tok/s':>19} {'ratio':>7}")
+        print(f"{'dtype':6} {'batch':>5} {'falcon tok/s':>13} {'(min-max)':>11} "
+              f"{'transformers tok/s':>19} {'(min-max)':>11} {'ratio':>7}")
+    weight_bytes = {}
     for dtype in a.dtypes.split(",") if batches else []:
         model = hf_model(model_dir, dtype, dev)
         for batch in batches:
@@ -153,11 +191,26 @@ def main():
 
             hf_once()  # warm-ups
             falcon_tps(bin_, model_dir, dtype, batch, a.tokens, a.threads, a.device)
+            key = (dtype, batch)
             hf, ours = interleaved(a.repeats, hf_once, lambda: falcon_tps(
-                bin_, model_dir, dtype, batch, a.tokens, a.threads, a.device))
+                bin_, model_dir, dtype, batch, a.tokens, a.threads, a.device), key)
             rows.append((dtype, batch, ours, hf))
-            print(f"{dtype:6} {batch:>5} {ours:>13.1f} {hf:>19.1f} {ours / hf:>6.2f}x", flush=True)
+            print(f"{dtype:6} {batch:>5} {ours:>13.1f} {spread('ours', key):>11} {hf:>19.1f} "
+                  f"{spread('hf', key):>11} {ours / hf:>6.2f}x", flush=True)
+        weight_bytes[dtype] = sum(p.numel() * p.element_size() for p in model.parameters())
         del model
+    if dev == "cpu" and any(b == 1 for _, b, _, _ in rows):
+        # Decode at batch 1 reads every weight once per token: bytes per token x tokens/s
+        # against what a large copy moves on the same threads.
+        bw = copy_bandwidth(a.threads)
+        print(f"\nmemory roofline: a {512} MB copy moves {bw / 1e9:.1f} GB/s (read + write), "
+              f"{a.threads} threads; load average {loadavg()}")
+        print(f"{'dtype':6} {'weights MB':>10} {'falcon % of roofline':>21} {'transformers %':>15}")
+        for dtype, batch, ours, hf in rows:
+            if batch == 1:
+                wb = weight_bytes[dtype]
+                print(f"{dtype:6} {wb / 1e6:>10.0f} {100 * wb * ours / bw:>20.1f}% "
+                      f"{100 * wb * hf / bw:>14.1f}%")
     if a.ragged:
         ragged(a, bin_, model_dir, tok, dev)
 
