@@ -15,7 +15,7 @@
 use tch::nn::Path;
 use tch::{Device, Kind, Tensor};
 
-use super::lora::LoraLinear;
+use super::lora::{Fused, LoraLinear};
 use super::ModelError;
 
 /// Llama-3 style RoPE frequency scaling (`rope_scaling.rope_type = "llama3"`).
@@ -382,6 +382,7 @@ struct Attention {
     k_proj: LoraLinear,
     v_proj: LoraLinear,
     o_proj: LoraLinear,
+    qkv: Fused,
     n_heads: i64,
     n_kv: i64,
     head_dim: i64,
@@ -404,9 +405,15 @@ impl Attention {
         train: bool,
     ) -> Tensor {
         let (b, t, _) = x.size3().expect("hidden states are [B, T, H]");
-        let q = self.q_proj.forward_t(x, train);
-        let k = self.k_proj.forward_t(x, train);
-        let v = self.v_proj.forward_t(x, train);
+        let mut qkv = self
+            .qkv
+            .forward_t(&[&self.q_proj, &self.k_proj, &self.v_proj], x, train)
+            .into_iter();
+        let (q, k, v) = (
+            qkv.next().expect("q"),
+            qkv.next().expect("k"),
+            qkv.next().expect("v"),
+        );
         let q = q.view([b, t, self.n_heads, self.head_dim]).transpose(1, 2);
         let k = k.view([b, t, self.n_kv, self.head_dim]).transpose(1, 2);
         let v = v.view([b, t, self.n_kv, self.head_dim]).transpose(1, 2);
@@ -466,11 +473,17 @@ struct Mlp {
     gate_proj: LoraLinear,
     up_proj: LoraLinear,
     down_proj: LoraLinear,
+    gate_up: Fused,
 }
 
 impl Mlp {
     fn forward(&self, x: &Tensor, train: bool) -> Tensor {
-        let h = self.gate_proj.forward_t(x, train).silu() * self.up_proj.forward_t(x, train);
+        let mut gu = self
+            .gate_up
+            .forward_t(&[&self.gate_proj, &self.up_proj], x, train)
+            .into_iter();
+        let (g, u) = (gu.next().expect("gate"), gu.next().expect("up"));
+        let h = g.silu() * u;
         self.down_proj.forward_t(&h, train)
     }
 }
@@ -553,6 +566,7 @@ impl Decoder {
                         k_proj: LoraLinear::new(&a / "k_proj", h, kv_out, c.qkv_bias),
                         v_proj: LoraLinear::new(&a / "v_proj", h, kv_out, c.qkv_bias),
                         o_proj: LoraLinear::new(&a / "o_proj", q_out, h, c.o_bias),
+                        qkv: Fused::default(),
                         n_heads: c.num_attention_heads,
                         n_kv: c.num_key_value_heads,
                         head_dim: c.head_dim,
@@ -576,6 +590,7 @@ impl Decoder {
                             h,
                             c.mlp_bias,
                         ),
+                        gate_up: Fused::default(),
                     },
                 }
             })

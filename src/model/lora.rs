@@ -124,30 +124,40 @@ impl LoraLinear {
 
     pub fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
         let y = x.linear(&self.weight, self.bias.as_ref());
-        match &self.adapter {
-            Some(ad) if !ad.merged.get() && !ad.disabled.get() => {
-                let xin = if train && ad.dropout > 0.0 {
-                    x.dropout(ad.dropout, true)
-                } else {
-                    x.shallow_clone()
-                };
-                if let Some(st) = &*ad.stacked.borrow() {
-                    let stack = crate::kernels::multi_lora::Stack {
-                        a: &st.a,
-                        b: &st.b,
-                        scale: ad.scale,
-                    };
-                    let low = crate::kernels::multi_lora::reference(&xin, &stack, &st.rows)
-                        .expect("stacked adapters fit the batch they were set for");
-                    return y + low;
-                }
-                let low = xin
-                    .linear(&ad.a, None::<Tensor>)
-                    .linear(&ad.b, None::<Tensor>);
-                y + low * ad.scale
-            }
-            _ => y,
+        match self.low_rank_t(x, train) {
+            Some(low) => y + low,
+            None => y,
         }
+    }
+
+    /// The adapter's term of the output (scaled), or `None` when no adapter
+    /// is active (none, merged into the weight, or switched off).
+    fn low_rank_t(&self, x: &Tensor, train: bool) -> Option<Tensor> {
+        let ad = self.adapter.as_ref()?;
+        if ad.merged.get() || ad.disabled.get() {
+            return None;
+        }
+        let xin = if train && ad.dropout > 0.0 {
+            x.dropout(ad.dropout, true)
+        } else {
+            x.shallow_clone()
+        };
+        if let Some(st) = &*ad.stacked.borrow() {
+            let stack = crate::kernels::multi_lora::Stack {
+                a: &st.a,
+                b: &st.b,
+                scale: ad.scale,
+            };
+            return Some(
+                crate::kernels::multi_lora::reference(&xin, &stack, &st.rows)
+                    .expect("stacked adapters fit the batch they were set for"),
+            );
+        }
+        Some(
+            xin.linear(&ad.a, None::<Tensor>)
+                .linear(&ad.b, None::<Tensor>)
+                * ad.scale,
+        )
     }
 
     /// `scale · B A` in the base weight's dtype, `[out, in]`.
@@ -209,5 +219,250 @@ impl LoraLinear {
         if let Some(a) = &self.adapter {
             a.merged.set(merge);
         }
+    }
+}
+
+/// Projections of one input (q/k/v, or gate/up) whose frozen base weights
+/// run as one matmul: at batch 1 each matmul is a matrix-vector product
+/// whose fixed cost (a parallel region that wakes libtorch's other threads)
+/// is a large share of decode time, and three become one.
+///
+/// The parts' weights (and biases) are made views into one fused tensor
+/// (`set_data`), so loading, merging adapters and any in-place update keep
+/// writing where the fused matmul reads. Before every use the views are
+/// checked to still alias it (pointers, shapes, dtype); anything that
+/// replaced a weight (a dtype change, a device move) fails the check, and
+/// the parts are fused again. Weights that train (full fine-tuning) run
+/// one by one while autograd records, so that each gets its gradient.
+#[derive(Default)]
+pub struct Fused {
+    cell: RefCell<Option<(Tensor, Option<Tensor>)>>,
+}
+
+impl Fused {
+    /// Each part's output for `x`, as [`LoraLinear::forward_t`] gives it.
+    pub fn forward_t(&self, parts: &[&LoraLinear], x: &Tensor, train: bool) -> Vec<Tensor> {
+        // Weights that are trained need their own matmuls for their gradients.
+        let trains = |p: &&LoraLinear| {
+            p.weight.requires_grad() || p.bias.as_ref().is_some_and(Tensor::requires_grad)
+        };
+        let separate = parts.iter().any(trains) && grad_enabled();
+        let mut cell = self.cell.borrow_mut();
+        if !separate
+            && !cell
+                .as_ref()
+                .is_some_and(|(w, b)| aliases(parts, w, b.as_ref()))
+        {
+            *cell = fuse(parts);
+        }
+        let base: Vec<Tensor> = match (&*cell, separate) {
+            (Some((w, b)), false) => {
+                let sizes: Vec<i64> = parts.iter().map(|p| p.out_dim()).collect();
+                x.linear(w, b.as_ref()).split_with_sizes(&sizes, -1)
+            }
+            _ => parts
+                .iter()
+                .map(|p| x.linear(&p.weight, p.bias.as_ref()))
+                .collect(),
+        };
+        drop(cell);
+        base.into_iter()
+            .zip(parts)
+            .map(|(y, p)| match p.low_rank_t(x, train) {
+                Some(low) => y + low,
+                None => y,
+            })
+            .collect()
+    }
+}
+
+/// Is autograd recording (not inside `no_grad`)?
+fn grad_enabled() -> bool {
+    // SAFETY: plain calls into libtorch's thread-local grad mode; the
+    // previous mode is restored at once.
+    unsafe {
+        let prev = torch_sys::at_grad_set_enabled(0);
+        torch_sys::at_grad_set_enabled(prev);
+        prev != 0
+    }
+}
+
+/// Do `parts`' weights and biases still lie, in order, inside `w` and `b`?
+fn aliases(parts: &[&LoraLinear], w: &Tensor, b: Option<&Tensor>) -> bool {
+    let es = w.kind().elt_size_in_bytes();
+    let in_dim = w.size()[1];
+    let (w0, b0) = (w.data_ptr() as usize, b.map(|b| b.data_ptr() as usize));
+    let mut row = 0usize;
+    for p in parts {
+        let out = p.out_dim() as usize;
+        let ok_w = p.weight.kind() == w.kind()
+            && p.weight.size() == [out as i64, in_dim]
+            && p.weight.data_ptr() as usize == w0 + row * in_dim as usize * es;
+        let ok_b = match (&p.bias, b0) {
+            (None, None) => true,
+            (Some(pb), Some(b0)) => {
+                pb.kind() == w.kind() && pb.data_ptr() as usize == b0 + row * es
+            }
+            _ => false,
+        };
+        if !(ok_w && ok_b) {
+            return false;
+        }
+        row += out;
+    }
+    w.size()[0] == row as i64
+}
+
+/// Make `parts`' weights views into one fresh tensor (and their biases into
+/// another), when they are frozen, alike and contiguous.
+fn fuse(parts: &[&LoraLinear]) -> Option<(Tensor, Option<Tensor>)> {
+    let first = &parts.first()?.weight;
+    let alike = parts.iter().all(|p| {
+        p.weight.kind() == first.kind()
+            && p.weight.device() == first.device()
+            && p.weight.size()[1] == first.size()[1]
+            && p.weight.is_contiguous()
+            && p.bias.is_some() == parts[0].bias.is_some()
+    });
+    if !alike || parts.len() < 2 {
+        return None;
+    }
+    tch::no_grad(|| {
+        let w = Tensor::cat(&parts.iter().map(|p| &p.weight).collect::<Vec<_>>(), 0);
+        let b = parts[0].bias.as_ref().map(|_| {
+            Tensor::cat(
+                &parts
+                    .iter()
+                    .map(|p| p.bias.as_ref().expect("all have biases"))
+                    .collect::<Vec<_>>(),
+                0,
+            )
+        });
+        let mut row = 0;
+        for p in parts {
+            let out = p.out_dim();
+            p.weight.shallow_clone().set_data(&w.narrow(0, row, out));
+            if let (Some(pb), Some(b)) = (&p.bias, &b) {
+                pb.shallow_clone().set_data(&b.narrow(0, row, out));
+            }
+            row += out;
+        }
+        Some((w, b))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::nn::VarStore;
+    use tch::Device;
+
+    fn parts(vs: &VarStore, bias: bool) -> Vec<LoraLinear> {
+        let root = vs.root();
+        let mut ps = vec![
+            LoraLinear::new(&root / "q", 8, 6, bias),
+            LoraLinear::new(&root / "k", 8, 4, bias),
+            LoraLinear::new(&root / "v", 8, 4, bias),
+        ];
+        tch::no_grad(|| {
+            for p in &ps {
+                p.weight.shallow_clone().copy_(&p.weight.randn_like());
+                if let Some(b) = &p.bias {
+                    b.shallow_clone().copy_(&b.randn_like());
+                }
+            }
+        });
+        let cfg = LoraConfig {
+            enabled: true,
+            rank: 2,
+            alpha: 4.0,
+            dropout: 0.0,
+            targets: vec![],
+        };
+        for (i, p) in ps.iter_mut().enumerate() {
+            p.attach(&(&root / format!("lora{i}")), &cfg);
+            let b = &p.adapter.as_ref().unwrap().b;
+            tch::no_grad(|| b.shallow_clone().copy_(&b.randn_like()));
+        }
+        ps
+    }
+
+    fn separate(ps: &[LoraLinear], x: &Tensor) -> Vec<Tensor> {
+        ps.iter().map(|p| p.forward_t(x, false)).collect()
+    }
+
+    fn close(a: &[Tensor], b: &[Tensor], tol: f64) {
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(x.size(), y.size());
+            let d = (x - y).abs().max().double_value(&[]);
+            assert!(d < tol, "{d}");
+        }
+    }
+
+    /// One matmul for the three bases gives what the three layers give, and
+    /// keeps doing so after a merge (written through the views), a dtype
+    /// change (which replaces the weights: fused again) and an adapter
+    /// switched off.
+    #[test]
+    fn fused_projections_follow_every_change_of_their_weights() {
+        tch::manual_seed(1);
+        let mut vs = VarStore::new(Device::Cpu);
+        let mut ps = parts(&vs, true);
+        let fused = Fused::default();
+        let x = Tensor::randn([2, 3, 8], (Kind::Float, Device::Cpu));
+        let run = |ps: &[LoraLinear], x: &Tensor| {
+            let refs: Vec<&LoraLinear> = ps.iter().collect();
+            fused.forward_t(&refs, x, false)
+        };
+        close(&run(&ps, &x), &separate(&ps, &x), 1e-5);
+        // The weights are now views into one tensor.
+        let w0 = ps[0].weight.data_ptr() as usize;
+        assert_eq!(ps[1].weight.data_ptr() as usize, w0 + 6 * 8 * 4);
+        let want = separate(&ps, &x);
+        ps[1].merge();
+        close(&run(&ps, &x), &want, 1e-5);
+        close(&run(&ps, &x), &separate(&ps, &x), 1e-5);
+        ps[1].unmerge();
+        ps[2].set_adapter_enabled(false);
+        close(&run(&ps, &x), &separate(&ps, &x), 1e-5);
+        vs.set_kind(Kind::Double);
+        let xd = x.to_kind(Kind::Double);
+        let got = run(&ps, &xd);
+        assert_eq!(got[0].kind(), Kind::Double);
+        close(&got, &separate(&ps, &xd), 1e-10);
+    }
+
+    /// Weights that train keep their own matmuls while autograd records, so
+    /// each gets its gradient; under `no_grad` they are fused.
+    #[test]
+    fn trained_weights_get_their_gradients() {
+        tch::manual_seed(2);
+        let vs = VarStore::new(Device::Cpu);
+        let root = vs.root();
+        let ps = [
+            LoraLinear::new(&root / "g", 8, 5, false),
+            LoraLinear::new(&root / "u", 8, 5, false),
+        ];
+        tch::no_grad(|| {
+            for p in &ps {
+                p.weight.shallow_clone().copy_(&p.weight.randn_like());
+            }
+        });
+        assert!(ps[0].weight.requires_grad());
+        let fused = Fused::default();
+        let refs: Vec<&LoraLinear> = ps.iter().collect();
+        let x = Tensor::randn([4, 8], (Kind::Float, Device::Cpu));
+        let out = fused.forward_t(&refs, &x, true);
+        let loss = out[0].sum(Kind::Float) + out[1].square().sum(Kind::Float);
+        let g = Tensor::run_backward(&[loss], &[&ps[0].weight, &ps[1].weight], false, false);
+        assert!(g
+            .iter()
+            .all(|t| t.defined() && t.abs().sum(Kind::Float).double_value(&[]) > 0.0));
+        let inference = tch::no_grad(|| fused.forward_t(&refs, &x, false));
+        close(&inference, &[out[0].detach(), out[1].detach()], 1e-5);
+        assert_eq!(
+            ps[1].weight.data_ptr() as usize,
+            ps[0].weight.data_ptr() as usize + 5 * 8 * 4
+        );
     }
 }
