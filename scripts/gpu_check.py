@@ -242,6 +242,12 @@ def smollm2_parity(bin_, work, rows):
     return ok_all
 
 
+def error_row(rows, check, case, e):
+    """A check that raised: one FAIL row with the error's last line, the whole error logged."""
+    rows.append((check, case, "error", str(e).strip().splitlines()[-1][:120], "FAIL"))
+    log(f"{check} {case} failed: {e}")
+
+
 def kernels_bench(bin_, *args):
     r = falcon(bin_, "kernels", "bench", *args)
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -426,14 +432,12 @@ def main():
         torch.cuda.empty_cache()
       except Exception as e:  # keep going: the table reports what ran
         failed = True
-        rows.append(("parity", dtype, "error", str(e).strip().splitlines()[-1][:120], "FAIL"))
-        log(f"parity {dtype} failed: {e}")
+        error_row(rows, "parity", dtype, e)
     try:
         failed |= not smollm2_parity(a.bin, a.work, rows)
     except Exception as e:
         failed = True
-        rows.append(("parity cuda vs cpu", "SmolLM2-135M", "error", str(e).strip().splitlines()[-1][:120], "FAIL"))
-        log(f"SmolLM2 parity failed: {e}")
+        error_row(rows, "parity cuda vs cpu", "SmolLM2-135M", e)
 
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(md)
@@ -452,8 +456,7 @@ def main():
                      f"transformers {hf:.0f} tok/s", f"{ours / hf:.2f}x"))
         log(rows[-1])
       except Exception as e:
-        rows.append(("decode bf16", f"batch {batch}", "error", str(e).strip().splitlines()[-1][:120], "FAIL"))
-        log(f"decode batch {batch} failed: {e}")
+        error_row(rows, "decode bf16", f"batch {batch}", e)
     if 1 in speed:
       bw = weight_bytes * speed[1] / 1e12
       rows.append(("bandwidth", "batch 1", f"{bw:.2f} TB/s ({weight_bytes / 1e9:.2f} GB x {speed[1]:.0f} steps/s)",
@@ -482,8 +485,7 @@ def main():
             log(r)
     except Exception as e:
         failed = True
-        rows.append(("kernel fused log-prob", "", "error", str(e).strip().splitlines()[-1][:120], "FAIL"))
-        log(f"fused kernel failed: {e}")
+        error_row(rows, "kernel fused log-prob", "", e)
     try:
         lo = kernels_bench(a.bin, "--case", "lora", "--tokens", "4096")
         ok = lo["kernel_vs_reference"] <= 0.02 * max(lo["output_scale"], 1e-6)
@@ -496,8 +498,7 @@ def main():
         log(rows[-1])
     except Exception as e:
         failed = True
-        rows.append(("kernel multi-adapter LoRA", "", "error", str(e).strip().splitlines()[-1][:120], "FAIL"))
-        log(f"lora kernel failed: {e}")
+        error_row(rows, "kernel multi-adapter LoRA", "", e)
 
     for label, train_extra, meta in TRAIN_CASES:
       try:
@@ -508,15 +509,13 @@ def main():
         log(rows[-1])
       except Exception as e:
         failed = True
-        rows.append(("train LoRA r16", label, "error", str(e).strip().splitlines()[-1][:120], "FAIL"))
-        log(f"train {label} failed: {e}")
+        error_row(rows, "train LoRA r16", label, e)
 
     try:
         failed |= not numba_check(a.bin, md, a.work, rows)
     except Exception as e:
         failed = True
-        rows.append(("numba-cuda on device", "", "error", str(e).strip().splitlines()[-1][:120], "FAIL"))
-        log(f"numba check failed: {e}")
+        error_row(rows, "numba-cuda on device", "", e)
 
     try:
         ix = kernels_bench(a.bin, "--case", "index")
@@ -528,8 +527,7 @@ def main():
         log(rows[-1])
     except Exception as e:
         failed = True
-        rows.append(("device vector index", "", "error", str(e).strip().splitlines()[-1][:120], "FAIL"))
-        log(f"index check failed: {e}")
+        error_row(rows, "device vector index", "", e)
 
     print_table(rows, sandbox, t_start)
     sys.exit(1 if failed else 0)
