@@ -10,6 +10,7 @@ use tch::{Device, Kind, Tensor};
 use falcon_rl::kernels::fused::{self, Backend};
 use falcon_rl::kernels::multi_lora::{self, Stack};
 use falcon_rl::kernels::{device, toolchain, SOURCES};
+use falcon_rl::model::{Dtype, TorchKind};
 
 use super::UsageError;
 
@@ -59,7 +60,7 @@ pub struct BenchArgs {
     adapters: i64,
     #[arg(long, default_value_t = 16)]
     rank: i64,
-    /// bf16 or f32.
+    /// bf16 or fp32.
     #[arg(long, default_value = "bf16")]
     dtype: String,
     /// Vectors in the index case.
@@ -104,10 +105,9 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
 }
 
 fn bench(a: BenchArgs) -> Result<()> {
-    let kind = match a.dtype.as_str() {
-        "bf16" => Kind::BFloat16,
-        "f32" => Kind::Float,
-        d => return Err(UsageError(format!("--dtype {d}: bf16 or f32")).into()),
+    let kind = match a.dtype.parse::<Dtype>().map(TorchKind::kind) {
+        Ok(k @ (Kind::BFloat16 | Kind::Float)) => k,
+        _ => return Err(UsageError(format!("--dtype {}: bf16 or fp32", a.dtype)).into()),
     };
     if !tch::Cuda::is_available() {
         bail!("falcon kernels bench needs a CUDA device");
@@ -117,13 +117,8 @@ fn bench(a: BenchArgs) -> Result<()> {
     let sync = || tch::Cuda::synchronize(0);
     let (free0, total) = device::memory(0)?;
     let mut out = serde_json::Map::new();
-    let case_name = match a.case {
-        Case::Plain => "plain",
-        Case::Fused => "fused",
-        Case::Lora => "lora",
-        Case::Index => "index",
-    };
-    out.insert("case".into(), case_name.into());
+    let case_name = a.case.to_possible_value().expect("every case has a name");
+    out.insert("case".into(), case_name.get_name().into());
     match a.case {
         Case::Plain | Case::Fused => {
             // The update's inputs: last hidden states (trainable upstream),
@@ -185,7 +180,7 @@ fn bench(a: BenchArgs) -> Result<()> {
                 out.insert("kernel_vs_reference_dent".into(), max_diff(&ek, &er).into());
             }
         }
-        Case::Index => {}
+        Case::Index => index_case(&a, &mut out)?,
         Case::Lora => {
             let (k, r) = (a.adapters, a.rank);
             let sa = Tensor::randn([k, r, a.hidden], (kind, dev)) * 0.05;
@@ -232,9 +227,6 @@ fn bench(a: BenchArgs) -> Result<()> {
             out.insert("reference_seconds".into(), tr.into());
             out.insert("loop_seconds".into(), tl.into());
         }
-    }
-    if let Case::Index = a.case {
-        index_case(&a, &mut out)?;
     }
     out.insert("total_mib".into(), (total as f64 / 1048576.0).into());
     out.insert(

@@ -375,16 +375,9 @@ impl Sandbox {
         }
         let python = &self.pool.launch.python;
         let probe = "import sys\nfor m in sys.argv[1:]:\n    try:\n        __import__(m)\n    except BaseException as e:\n        print(m + '\\t' + type(e).__name__ + ': ' + str(e).replace('\\n', ' '))\n";
-        let out = std::process::Command::new(python)
-            .arg("-I")
-            .arg("-c")
-            .arg(probe)
-            .args(needed.iter().map(|(m, _)| m))
-            .output()
-            .map_err(|e| ExecError::Missing {
-                what: format!("a working Python at {}", python.display()),
-                hint: format!("it could not be started to check the tasks' imports: {e}"),
-            })?;
+        let out = self.python_probe(probe, "the tasks' imports", |cmd| {
+            cmd.args(needed.iter().map(|(m, _)| m));
+        })?;
         let text = String::from_utf8_lossy(&out.stdout);
         let missing: Vec<MissingModule> = text
             .lines()
@@ -393,15 +386,10 @@ impl Sandbox {
                 let (_, ts) = needed.iter().find(|(n, _)| n == m)?;
                 let kinds: std::collections::BTreeSet<&str> =
                     ts.iter().map(|t| t.kind.name()).collect();
+                let kinds = kinds.into_iter().collect::<Vec<_>>().join("/");
                 Some(MissingModule {
                     module: m.to_owned(),
-                    needed_by: format!(
-                        "{} {} task{}, e.g. {}",
-                        ts.len(),
-                        kinds.into_iter().collect::<Vec<_>>().join("/"),
-                        if ts.len() == 1 { "" } else { "s" },
-                        ts[0].id
-                    ),
+                    needed_by: tasks_in_words(ts, &format!("{kinds} ")),
                     error: err.to_owned(),
                 })
             })
@@ -412,19 +400,33 @@ impl Sandbox {
                 missing,
             });
         }
-        let numba: Vec<&&Task> = tasks
+        let numba: Vec<&Task> = tasks
             .iter()
+            .copied()
             .filter(|t| t.kind == crate::task::TaskKind::NumbaCuda)
             .collect();
-        if let Some(first) = numba.first() {
-            self.require_cuda_kernel(&format!(
-                "{} task{}, e.g. {}",
-                numba.len(),
-                if numba.len() == 1 { "" } else { "s" },
-                first.id
-            ))?;
+        if !numba.is_empty() {
+            self.require_cuda_kernel(&tasks_in_words(&numba, ""))?;
         }
         Ok(())
+    }
+
+    /// Run `code` in the sandbox's interpreter (isolated mode), as `prepare`
+    /// sets the command up, to check `what` before any sample runs.
+    fn python_probe(
+        &self,
+        code: &str,
+        what: &str,
+        prepare: impl FnOnce(&mut std::process::Command),
+    ) -> Result<std::process::Output, ExecError> {
+        let python = &self.pool.launch.python;
+        let mut cmd = std::process::Command::new(python);
+        cmd.arg("-I").arg("-c").arg(code);
+        prepare(&mut cmd);
+        cmd.output().map_err(|e| ExecError::Missing {
+            what: format!("a working Python at {}", python.display()),
+            hint: format!("it could not be started to check {what}: {e}"),
+        })
     }
 
     /// numba-cuda can import and still fail at its first kernel (numba-cuda
@@ -435,19 +437,13 @@ impl Sandbox {
     fn require_cuda_kernel(&self, needed_by: &str) -> Result<(), ExecError> {
         let python = &self.pool.launch.python;
         let probe = "import numpy as np\nfrom numba import cuda\n@cuda.jit\ndef k(a, out):\n    i = cuda.grid(1)\n    if i < out.size:\n        out[i] = a[i] * 2.0\na = np.arange(8, dtype=np.float64)\nout = np.zeros_like(a)\nk[1, 8](a, out)\nassert (out == 2 * a).all(), out\n";
-        let mut cmd = std::process::Command::new(python);
-        cmd.arg("-I").arg("-c").arg(probe).env_clear();
-        for (k, v) in isolation::sandbox_env(self.config()) {
-            cmd.env(k, v);
-        }
+        let out = self.python_probe(probe, "numba-cuda", |cmd| {
+            cmd.env_clear().envs(isolation::sandbox_env(self.config()));
+        })?;
         let mode = match isolation::resolve_cuda(self.config().cuda) {
             crate::config::CudaMode::Sim => "numba's CUDA simulator",
             _ => "the GPU",
         };
-        let out = cmd.output().map_err(|e| ExecError::Missing {
-            what: format!("a working Python at {}", python.display()),
-            hint: format!("it could not be started to check numba-cuda: {e}"),
-        })?;
         if out.status.success() {
             return Ok(());
         }
@@ -466,6 +462,17 @@ impl Sandbox {
     pub fn lazy_starts(&self) -> u64 {
         self.pool.respawns.load(Ordering::Relaxed)
     }
+}
+
+/// `N <kind>task(s), e.g. ID` for the tasks `ts` (at least one); `kind`
+/// is put before "task" as given (empty, or ending in a space).
+fn tasks_in_words(ts: &[&Task], kind: &str) -> String {
+    format!(
+        "{} {kind}task{}, e.g. {}",
+        ts.len(),
+        if ts.len() == 1 { "" } else { "s" },
+        ts[0].id
+    )
 }
 
 /// The exception a Python traceback ends with (`Type: message`, the
@@ -527,6 +534,7 @@ pub fn split_visible(report: &ExecReport, n_visible: usize) -> (TestCounts, Test
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn a_traceback_gives_its_exception_with_the_message_lines() {
@@ -543,7 +551,6 @@ mod tests {
         assert_eq!(exception_text("  only indented\n"), "only indented");
         assert_eq!(exception_text(""), "no error output");
     }
-    use super::*;
 
     #[test]
     fn a_tasks_required_modules_come_from_its_kind_prelude_and_setup() {

@@ -23,11 +23,7 @@ fn driver(e: impl std::fmt::Debug) -> KernelError {
 /// asked, since cudarc aborts the process when it cannot load it.
 fn driver_present() -> Result<(), KernelError> {
     static OK: OnceLock<bool> = OnceLock::new();
-    let ok = *OK.get_or_init(|| {
-        let name = c"libcuda.so.1";
-        // SAFETY: dlopen is thread-safe; the handle stays open on purpose.
-        unsafe { !libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL).is_null() }
-    });
+    let ok = *OK.get_or_init(|| super::toolchain::dlopen_global("libcuda.so.1").is_ok());
     if ok {
         Ok(())
     } else {

@@ -37,10 +37,14 @@ fn lib_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-fn dlopen(path: &str) -> Result<(), String> {
-    let c = std::ffi::CString::new(path).map_err(|e| e.to_string())?;
+/// `dlopen(name, RTLD_NOW | RTLD_GLOBAL)`, kept open for the life of the
+/// process; the error is `dlerror`'s. Loading a library by path first is
+/// how a later load by its soname (from libtorch, NVRTC or cudarc) finds it.
+pub fn dlopen_global(name: &str) -> Result<(), String> {
+    let c = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
     // SAFETY: dlopen/dlerror are thread-safe in glibc; the handle is kept
-    // open for the life of the process on purpose.
+    // open for the life of the process on purpose (libtorch holds its
+    // registrations, NVRTC its builtins).
     unsafe {
         let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
         if h.is_null() {
@@ -69,12 +73,12 @@ pub fn load_nvrtc() -> Result<String, KernelError> {
             }
             let builtins = dir.join("libnvrtc-builtins.so.13.0");
             if builtins.exists() {
-                dlopen(&builtins.to_string_lossy())?;
+                dlopen_global(&builtins.to_string_lossy())?;
             }
-            return dlopen(&lib.to_string_lossy()).map(|()| lib.display().to_string());
+            return dlopen_global(&lib.to_string_lossy()).map(|()| lib.display().to_string());
         }
         // Last, whatever the library path holds.
-        dlopen("libnvrtc.so.13")
+        dlopen_global("libnvrtc.so.13")
             .map(|()| "libnvrtc.so.13 (library path)".to_string())
             .map_err(|e| {
                 format!(

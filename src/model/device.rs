@@ -6,12 +6,12 @@
 //! register the CUDA backend with libtorch. Where it (or one of its CUDA
 //! libraries) is missing, we carry on with the CPU and remember why.
 
-use std::ffi::{CStr, CString};
 use std::sync::OnceLock;
 
 use tch::Device;
 
 use super::ModelError;
+use crate::kernels::toolchain::dlopen_global;
 
 /// What the CUDA probe found.
 #[derive(Debug, Clone)]
@@ -64,25 +64,6 @@ fn probe() -> CudaStatus {
         device_count,
         reason,
     }
-}
-
-fn dlopen_global(name: &str) -> Result<(), String> {
-    let c_name = CString::new(name).map_err(|e| e.to_string())?;
-    // SAFETY: dlopen/dlerror are thread-safe in glibc; the handle is kept open
-    // for the life of the process on purpose (libtorch holds its registrations).
-    unsafe {
-        let handle = libc::dlopen(c_name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
-        if handle.is_null() {
-            let err = libc::dlerror();
-            let msg = if err.is_null() {
-                "unknown dlopen error".to_string()
-            } else {
-                CStr::from_ptr(err).to_string_lossy().into_owned()
-            };
-            return Err(msg);
-        }
-    }
-    Ok(())
 }
 
 /// The device a run config asks for, after `auto` (CPU when the asked-for

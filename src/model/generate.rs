@@ -323,6 +323,35 @@ impl Policy {
     /// autograd graph), so K adapted policies cost K adapters, not K models.
     /// Nothing is swapped unless every name and shape matches.
     pub fn swap_adapters(&mut self, fast: &mut [(String, Tensor)]) -> Result<(), ModelError> {
+        let plan = self.factor_plan(fast, "swapping in fast weights")?;
+        let mut projections = self.model.projections_mut();
+        for (p, i, is_a) in plan {
+            let ad = projections[p].1.adapter.as_mut().expect("checked above");
+            let own = if is_a { &mut ad.a } else { &mut ad.b };
+            std::mem::swap(own, &mut fast[i].1);
+        }
+        Ok(())
+    }
+
+    /// `(index, name)` of every projection that carries an adapter.
+    fn projections_with_adapters(&self) -> Vec<(usize, String)> {
+        self.model
+            .projections()
+            .into_iter()
+            .enumerate()
+            .filter(|(_, (_, lin))| lin.adapter.is_some())
+            .map(|(p, (name, _))| (p, name))
+            .collect()
+    }
+
+    /// Where each of `fast`'s tensors goes, `(projection, index in fast,
+    /// is it A)`, once every name is known, given once, of the right shape,
+    /// and no adapter is merged (`doing` says what for, in that error).
+    fn factor_plan(
+        &self,
+        fast: &[(String, Tensor)],
+        doing: &str,
+    ) -> Result<Vec<(usize, usize, bool)>, ModelError> {
         let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
         for (i, (name, _)) in fast.iter().enumerate() {
             if at.insert(name.as_str(), i).is_some() {
@@ -336,8 +365,7 @@ impl Policy {
             let Some(ad) = &lin.adapter else { continue };
             if lin.is_merged() {
                 return Err(ModelError::Invalid(format!(
-                    "{name}: the adapter is merged into the base weight; unmerge before \
-                     swapping in fast weights"
+                    "{name}: the adapter is merged into the base weight; unmerge before {doing}"
                 )));
             }
             for (suffix, own, is_a) in [
@@ -364,13 +392,7 @@ impl Policy {
                 fast[stray].0
             )));
         }
-        let mut projections = self.model.projections_mut();
-        for (p, i, is_a) in plan {
-            let ad = projections[p].1.adapter.as_mut().expect("checked above");
-            let own = if is_a { &mut ad.a } else { &mut ad.b };
-            std::mem::swap(own, &mut fast[i].1);
-        }
-        Ok(())
+        Ok(plan)
     }
 
     /// Run `f` with the adapters' factors replaced by `fast` (shallow
@@ -403,43 +425,37 @@ impl Policy {
         rows: &Tensor,
         f: impl FnOnce(&mut Policy) -> R,
     ) -> Result<R, ModelError> {
-        let maps: Vec<std::collections::HashMap<&str, &Tensor>> = fast
-            .iter()
-            .map(|w| w.iter().map(|(n, t)| (n.as_str(), t)).collect())
-            .collect();
-        let projections = self.model.projections();
-        let mut plan = Vec::new();
-        for (name, lin) in &projections {
-            let Some(ad) = &lin.adapter else { continue };
-            if lin.is_merged() {
-                return Err(ModelError::Invalid(format!(
-                    "{name}: the adapter is merged into the base weight; unmerge before \
-                     stacking fast weights"
-                )));
-            }
-            let mut parts = Vec::new();
-            for (suffix, own) in [("lora_A.weight", &ad.a), ("lora_B.weight", &ad.b)] {
-                let key = format!("{name}.{suffix}");
-                let mut ts = Vec::with_capacity(maps.len());
-                for m in &maps {
-                    let t = m.get(key.as_str()).ok_or_else(|| {
-                        ModelError::Invalid(format!("a set of fast weights lacks `{key}`"))
-                    })?;
-                    if t.size() != own.size() {
+        let factors = self.projections_with_adapters();
+        // Per set, where each factor (projection, is it A) sits in it.
+        let mut at: Vec<std::collections::HashMap<(usize, bool), usize>> = Vec::new();
+        for set in fast {
+            let plan = self.factor_plan(set, "stacking fast weights")?;
+            let map: std::collections::HashMap<(usize, bool), usize> =
+                plan.into_iter().map(|(p, i, a)| ((p, a), i)).collect();
+            for (p, name) in &factors {
+                for (is_a, suffix) in [(true, "lora_A.weight"), (false, "lora_B.weight")] {
+                    if !map.contains_key(&(*p, is_a)) {
                         return Err(ModelError::Invalid(format!(
-                            "fast weight `{key}` has shape {:?}, the adapter {:?}",
-                            t.size(),
-                            own.size()
+                            "a set of fast weights lacks `{name}.{suffix}`"
                         )));
                     }
-                    ts.push(t.shallow_clone());
                 }
-                parts.push(Tensor::stack(&ts, 0));
             }
-            let b = parts.pop().expect("two factors");
-            let a = parts.pop().expect("two factors");
-            plan.push((*lin, a, b));
+            at.push(map);
         }
+        let stack = |p: usize, is_a: bool| {
+            let ts: Vec<&Tensor> = fast
+                .iter()
+                .zip(&at)
+                .map(|(set, at)| &set[at[&(p, is_a)]].1)
+                .collect();
+            Tensor::stack(&ts, 0)
+        };
+        let projections = self.model.projections();
+        let plan: Vec<_> = factors
+            .iter()
+            .map(|&(p, _)| (projections[p].1, stack(p, true), stack(p, false)))
+            .collect();
         for (lin, a, b) in plan {
             lin.set_stacked(Some(super::lora::Stacked {
                 a,

@@ -123,7 +123,11 @@ impl LoraLinear {
     }
 
     pub fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
-        let y = x.linear(&self.weight, self.bias.as_ref());
+        self.plus_low_rank(x.linear(&self.weight, self.bias.as_ref()), x, train)
+    }
+
+    /// `y` (this projection's base output for `x`) plus the adapter's term.
+    fn plus_low_rank(&self, y: Tensor, x: &Tensor, train: bool) -> Tensor {
         match self.low_rank_t(x, train) {
             Some(low) => y + low,
             None => y,
@@ -255,23 +259,17 @@ impl Fused {
         {
             *cell = fuse(parts);
         }
-        let base: Vec<Tensor> = match (&*cell, separate) {
+        let base = match (&*cell, separate) {
             (Some((w, b)), false) => {
                 let sizes: Vec<i64> = parts.iter().map(|p| p.out_dim()).collect();
                 x.linear(w, b.as_ref()).split_with_sizes(&sizes, -1)
             }
-            _ => parts
-                .iter()
-                .map(|p| x.linear(&p.weight, p.bias.as_ref()))
-                .collect(),
+            _ => return parts.iter().map(|p| p.forward_t(x, train)).collect(),
         };
         drop(cell);
         base.into_iter()
             .zip(parts)
-            .map(|(y, p)| match p.low_rank_t(x, train) {
-                Some(low) => y + low,
-                None => y,
-            })
+            .map(|(y, p)| p.plus_low_rank(y, x, train))
             .collect()
     }
 }
@@ -314,7 +312,8 @@ fn aliases(parts: &[&LoraLinear], w: &Tensor, b: Option<&Tensor>) -> bool {
 }
 
 /// Make `parts`' weights views into one fresh tensor (and their biases into
-/// another), when they are frozen, alike and contiguous.
+/// another), when they are alike (dtype, device, input size, biases) and
+/// contiguous.
 fn fuse(parts: &[&LoraLinear]) -> Option<(Tensor, Option<Tensor>)> {
     let first = &parts.first()?.weight;
     let alike = parts.iter().all(|p| {

@@ -715,5 +715,22 @@ mod tests {
         )];
         let e = p.swap_adapters(&mut bad).unwrap_err().to_string();
         assert!(e.contains("has shape"), "{e}");
+
+        // Stacking checks each set as swapping does, and wants every factor.
+        let rows = Tensor::from_slice(&[0i64]);
+        let e = p
+            .with_stacked_adapters(&[&bad], &rows, |_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has shape"), "{e}");
+        let e = p
+            .with_stacked_adapters(&[&fast, &fast[1..]], &rows, |_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("lacks `{}`", fast[0].0)), "{e}");
+        let two = p
+            .with_stacked_adapters(&[&fast, &fast], &rows, |p| fwd(p))
+            .unwrap();
+        assert!(two.allclose(&swapped, 1e-12, 1e-12, false));
     }
 }

@@ -269,6 +269,23 @@ fn mb_loss(
     Ok(total_loss(&terms))
 }
 
+/// `sum += terms`, term by term: the loss terms of several pieces (or
+/// tasks) add up.
+pub(super) fn add_terms(
+    sum: &mut BTreeMap<String, f64>,
+    terms: impl IntoIterator<Item = (String, f64)>,
+) {
+    for (k, v) in terms {
+        *sum.entry(k).or_insert(0.0) += v;
+    }
+}
+
+/// A piece's term values with its loss `l` as `total`.
+fn with_total(l: &Tensor, mut parts: BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    parts.insert("total".into(), l.double_value(&[]));
+    parts
+}
+
 /// `seqs` in micro-batches of at most `size` sequences (0 = one), each
 /// with its share of every term's whole-batch normaliser, so that their
 /// losses add up to the one-pass loss; with `kl`, each also carries the
@@ -324,10 +341,7 @@ pub(super) fn seqs_loss(
         let logp = batch_logprobs(policy, &mb, true)?;
         let old = logp.detach();
         let (l, parts) = mb_loss(&mb, &logp, old, None, norm, w)?;
-        *sum.entry("total".into()).or_insert(0.0) += l.double_value(&[]);
-        for (k, v) in parts {
-            *sum.entry(k).or_insert(0.0) += v;
-        }
+        add_terms(&mut sum, with_total(&l, parts));
         piece(l)?;
     }
     Ok(sum)
@@ -409,11 +423,7 @@ pub(super) fn seqs_loss_batched(
             let lp = logp.narrow(0, row, b).narrow(1, m.start - start, w_own);
             row += b;
             let (l, parts) = mb_loss(m, &lp, lp.detach(), None, norm, w)?;
-            let sum = &mut sums[group[k]];
-            *sum.entry("total".into()).or_insert(0.0) += l.double_value(&[]);
-            for (name, v) in parts {
-                *sum.entry(name).or_insert(0.0) += v;
-            }
+            add_terms(&mut sums[group[k]], with_total(&l, parts));
             total = Some(match total {
                 Some(t) => t + l,
                 None => l,
@@ -462,10 +472,7 @@ pub(super) fn update(
             let logp = with_autocast(dev, ac, || batch_logprobs(policy, mb, true))??;
             let old = mb.old.get_or_insert_with(|| logp.detach()).shallow_clone();
             let (total, parts) = mb_loss(mb, &logp, old, clip, t.normalization, w)?;
-            *loss.entry("total".into()).or_insert(0.0) += total.double_value(&[]);
-            for (k, v) in parts {
-                *loss.entry(k).or_insert(0.0) += v;
-            }
+            add_terms(&mut loss, with_total(&total, parts));
             if total.requires_grad() {
                 total.backward();
             }

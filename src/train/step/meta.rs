@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use tch::Tensor;
 
-use crate::config::{MetaAlgorithm, MetaPrompt};
+use crate::config::{MetaAlgorithm, MetaPrompt, TrainConfig};
 use crate::memory::long_term::{Experience, Retrieved};
 use crate::model::Policy;
 use crate::reward::code_in_completion;
@@ -19,13 +19,14 @@ use crate::task::Task;
 use crate::train::batch::Rollout;
 use crate::train::events::StepRecord;
 use crate::train::maml::{
-    adapt, carry_back, meta_backward, query_gradients, reptile_update, Adapted, InnerLoop, Weights,
+    adapt, carry_back, meta_backward, query_gradients, reptile_update, Adapted, InnerLoop,
+    PieceLoss, Weights,
 };
 use crate::train::memories::{demonstrations, OwnedSeq};
 use crate::train::metrics::JsonlWriter;
 use crate::train::optim::{clip_grad_norm, zero_grad};
 use crate::train::state::mix;
-use crate::train::update::{seqs_loss, seqs_loss_batched, UpdateSeq};
+use crate::train::update::{add_terms, seqs_loss, seqs_loss_batched, UpdateSeq};
 use crate::train::{trainable, TrainError, TrainState};
 
 /// Prompts of the step: FALCON's Table 7 with the retrieved history when
@@ -75,6 +76,29 @@ fn inner_extra(
         m.long_term_demos,
     )?);
     Ok(extra)
+}
+
+/// A task's inner mini-batch: its own samples, then `extra`.
+fn inner_batch<'a>(own: &[UpdateSeq<'a>], extra: &'a [OwnedSeq]) -> Vec<UpdateSeq<'a>> {
+    let mut batch = own.to_vec();
+    batch.extend(extra.iter().map(OwnedSeq::as_seq));
+    batch
+}
+
+/// The on-policy loss of `seqs` under `[train]`'s settings, in pieces
+/// ([`seqs_loss`]): `L_inner` of Algorithm 1, on support or query samples.
+fn loss_of<'a>(seqs: &'a [UpdateSeq<'a>], t: &'a TrainConfig) -> impl PieceLoss + Copy + 'a {
+    move |p: &mut Policy, sink: &mut dyn FnMut(Tensor) -> Result<(), TrainError>| {
+        seqs_loss(
+            p,
+            seqs,
+            t.micro_batch,
+            t.normalization,
+            &t.loss,
+            t.shared_prefix,
+            sink,
+        )
+    }
 }
 
 /// Line 12: `q` samples of `task` (from `seed`) with its fast weights
@@ -130,8 +154,7 @@ pub fn step(s: &mut TrainState, samples_log: &mut JsonlWriter) -> Result<StepRec
     let mut queries: Vec<Rollout> = Vec::with_capacity(tasks.len());
     let support_seqs = support.seqs();
     let mut outside = 0.0;
-    let batched = m.batch_tasks && m.inner_steps > 0 && m.algorithm != MetaAlgorithm::Reptile;
-    if batched {
+    if m.batch_tasks && m.inner_steps > 0 && m.algorithm != MetaAlgorithm::Reptile {
         // Line 9 for every task first: what short-term memory and the
         // demonstrations give a task does not depend on other tasks'
         // adaptations, so the draws are the loop's own.
@@ -142,28 +165,9 @@ pub fn step(s: &mut TrainState, samples_log: &mut JsonlWriter) -> Result<StepRec
         let batches: Vec<Vec<UpdateSeq>> = extras
             .iter()
             .enumerate()
-            .map(|(i, extra)| {
-                let mut b: Vec<UpdateSeq> = support_seqs[i * g..(i + 1) * g].to_vec();
-                b.extend(extra.iter().map(OwnedSeq::as_seq));
-                b
-            })
+            .map(|(i, extra)| inner_batch(&support_seqs[i * g..(i + 1) * g], extra))
             .collect();
-        let mb = t.micro_batch;
-        let inner_loss_of = |i: usize| {
-            let batch = &batches[i];
-            let t = &t;
-            move |p: &mut Policy, sink: &mut dyn FnMut(Tensor) -> Result<(), TrainError>| {
-                seqs_loss(
-                    p,
-                    batch,
-                    mb,
-                    t.normalization,
-                    &t.loss,
-                    t.shared_prefix,
-                    sink,
-                )
-            }
-        };
+        let inner_loss_of = |i: usize| loss_of(&batches[i], &t);
         // Lines 10–12 per task: adapt, then sample with θ_i.
         let mut ads: Vec<Adapted> = Vec::with_capacity(tasks.len());
         for (i, task) in tasks.iter().enumerate() {
@@ -187,7 +191,15 @@ pub fn step(s: &mut TrainState, samples_log: &mut JsonlWriter) -> Result<StepRec
         let qrefs: Vec<&[UpdateSeq]> = qs.iter().map(Vec::as_slice).collect();
         let ad_refs: Vec<&Adapted> = ads.iter().collect();
         let (vs, parts) = query_gradients(s.policy, &ad_refs, |p, fast, sink| {
-            seqs_loss_batched(p, &qrefs, fast, mb, t.normalization, &t.loss, sink)
+            seqs_loss_batched(
+                p,
+                &qrefs,
+                fast,
+                t.micro_batch,
+                t.normalization,
+                &t.loss,
+                sink,
+            )
         })?;
         for (i, v) in vs.into_iter().enumerate() {
             carry_back(
@@ -201,92 +213,71 @@ pub fn step(s: &mut TrainState, samples_log: &mut JsonlWriter) -> Result<StepRec
             )?;
         }
         for p in parts {
-            for (k, v) in p {
-                *loss.entry(k).or_insert(0.0) += v;
-            }
+            add_terms(&mut loss, p);
         }
-    }
-    for (i, task) in tasks.iter().enumerate().filter(|_| !batched) {
-        // Line 9: the task's own samples, short-term rows, and passing
-        // neighbours from long-term memory.
-        let extra = inner_extra(s, task, &hits[i])?;
-        let mut batch: Vec<UpdateSeq> = support_seqs[i * g..(i + 1) * g].to_vec();
-        batch.extend(extra.iter().map(OwnedSeq::as_seq));
-        let mb = t.micro_batch;
-        let inner_loss =
-            |p: &mut Policy, sink: &mut dyn FnMut(Tensor) -> Result<(), TrainError>| {
-                seqs_loss(
-                    p,
-                    &batch,
-                    mb,
-                    t.normalization,
-                    &t.loss,
-                    t.shared_prefix,
-                    sink,
-                )
-            };
-        if m.inner_steps == 0 {
-            // No adaptation (θ_i = θ): FALCON's memories and rewards in
-            // a single-level update, the "without the meta-loop" arm.
-            let parts = meta_backward(
-                s.policy,
-                &theta,
-                &Adapted::identity(&theta),
-                &inner,
-                false,
-                inner_loss,
-                inner_loss,
+    } else {
+        for (i, task) in tasks.iter().enumerate() {
+            // Line 9: the task's own samples, short-term rows, and passing
+            // neighbours from long-term memory.
+            let extra = inner_extra(s, task, &hits[i])?;
+            let batch = inner_batch(&support_seqs[i * g..(i + 1) * g], &extra);
+            let inner_loss = loss_of(&batch, &t);
+            if m.inner_steps == 0 {
+                // No adaptation (θ_i = θ): FALCON's memories and rewards in
+                // a single-level update, the "without the meta-loop" arm.
+                let parts = meta_backward(
+                    s.policy,
+                    &theta,
+                    &Adapted::identity(&theta),
+                    &inner,
+                    false,
+                    inner_loss,
+                    inner_loss,
+                )?;
+                add_terms(&mut loss, parts);
+                continue;
+            }
+            // Lines 10–11.
+            let ad = adapt(s.policy, &theta, &inner, inner_loss)?;
+            inner_first += ad.losses.first().copied().unwrap_or(0.0) / tasks.len() as f64;
+            // Line 12: evaluate θ_i on T_i.
+            let seed_i = mix(seed, i as u64 + 1);
+            let qr = sample_at(
+                s,
+                &ad.fast,
+                task,
+                &prompts[i..=i],
+                (q, seed_i),
+                &mut seconds,
+                &mut outside,
             )?;
-            for (k, v) in parts {
-                *loss.entry(k).or_insert(0.0) += v;
-            }
-            continue;
-        }
-        // Lines 10–11.
-        let ad = adapt(s.policy, &theta, &inner, inner_loss)?;
-        inner_first += ad.losses.first().copied().unwrap_or(0.0) / tasks.len() as f64;
-        // Line 12: evaluate θ_i on T_i.
-        let seed_i = mix(seed, i as u64 + 1);
-        let qr = sample_at(
-            s,
-            &ad.fast,
-            task,
-            &prompts[i..=i],
-            (q, seed_i),
-            &mut seconds,
-            &mut outside,
-        )?;
-        // Line 14: L_meta = Σ_i L_inner(θ_i) on the evaluation samples.
-        let qs = qr.seqs();
-        let query_loss =
-            |p: &mut Policy, sink: &mut dyn FnMut(Tensor) -> Result<(), TrainError>| {
-                seqs_loss(p, &qs, mb, t.normalization, &t.loss, t.shared_prefix, sink)
+            // Line 14: L_meta = Σ_i L_inner(θ_i) on the evaluation samples.
+            let qs = qr.seqs();
+            let mut query_loss = loss_of(&qs, &t);
+            let parts = match m.algorithm {
+                MetaAlgorithm::Reptile => {
+                    // Logged only: Reptile's update does not use the query loss.
+                    let parts = tch::no_grad(|| {
+                        s.policy
+                            .with_adapters(&ad.fast, |p| query_loss(p, &mut |_| Ok(())))
+                    })??;
+                    adapted.push(ad.fast);
+                    parts
+                }
+                _ => meta_backward(
+                    s.policy,
+                    &theta,
+                    &ad,
+                    &inner,
+                    second_order,
+                    inner_loss,
+                    query_loss,
+                )?,
             };
-        let parts = match m.algorithm {
-            MetaAlgorithm::Reptile => {
-                // Logged only: Reptile's update does not use the query loss.
-                let parts = tch::no_grad(|| {
-                    s.policy
-                        .with_adapters(&ad.fast, |p| query_loss(p, &mut |_| Ok(())))
-                })??;
-                adapted.push(ad.fast);
-                parts
-            }
-            _ => meta_backward(
-                s.policy,
-                &theta,
-                &ad,
-                &inner,
-                second_order,
-                inner_loss,
-                query_loss,
-            )?,
-        };
-        drop(qs);
-        for (k, v) in parts {
-            *loss.entry(k).or_insert(0.0) += v;
+            drop(qs);
+            add_terms(&mut loss, parts);
+            queries.push(qr);
         }
-        queries.push(qr);
     }
     if m.inner_steps > 0 {
         loss.insert("inner".into(), inner_first);
