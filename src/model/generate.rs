@@ -1,6 +1,7 @@
 //! The policy (decoder + tokenizer + parameters) and generation: batched,
 //! ragged prompts (left-padded), a KV cache allocated once per call, seeded
-//! sampling, stop strings, and per-token log-probabilities for RL.
+//! sampling, stop strings, and per-token log-probabilities for RL; fast
+//! adapter weights swapped in, or K sets of them stacked, for meta-learning.
 //!
 //! [`Generator`] is the seam rollouts and LM judges call; [`Policy`]
 //! implements it on the local model, and an OpenAI-compatible HTTP client

@@ -5,7 +5,9 @@
 //!
 //! The base weight is frozen while an adapter is attached; merging folds
 //! `scale · B A` into the base weight (for fast inference and export), and
-//! unmerging takes it out again.
+//! unmerging takes it out again. K adapters can run at once, one per batch
+//! row ([`LoraLinear::set_stacked`]), and projections of one input can run
+//! their base weights as one matmul ([`Fused`]).
 
 use std::cell::{Cell, RefCell};
 

@@ -1,7 +1,8 @@
 //! The policy model: a decoder LM for the Qwen2 and Llama families on libtorch
 //! (through `tch`), HF checkpoint loading and export, LoRA, the tokenizer with
 //! its chat template, batched sampling with a caller-owned KV cache,
-//! shared-prefix scoring of completions (`Decoder::shared_prefix_logprobs`),
+//! shared-prefix scoring of completions (`Decoder::shared_prefix_logprobs`,
+//! through the fused log-prob of `crate::kernels` where it applies),
 //! mixed precision (`autocast`), the [`Generator`] trait that rollouts
 //! and judges call, and [`open`], the one loader every command uses.
 //!

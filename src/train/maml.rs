@@ -2,7 +2,8 @@
 //! weights, apart from the loop that feeds it: fast weights θ_i from θ by
 //! `inner_steps` SGD steps with rate α on `L_inner` ([`adapt`]); the
 //! meta-gradient of the query loss at θ_i carried back to θ, first or second
-//! order ([`meta_backward`]); and Reptile's move of θ toward the mean θ_i
+//! order ([`meta_backward`], or for K tasks at once [`query_gradients`] then
+//! [`carry_back`]); and Reptile's move of θ toward the mean θ_i
 //! ([`reptile_update`]). The meta step (`step::meta`) runs them.
 //!
 //! Fast weights are swapped into the policy's adapters

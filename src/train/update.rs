@@ -2,7 +2,8 @@
 //! completion, advantage, spans) cut into micro-batches whose losses add up
 //! exactly to the whole batch's (each term scaled by its share of the batch's
 //! normaliser), optionally running each shared prompt once, with the KL
-//! reference from the base model; and the SFT example format.
+//! reference from the base model; K tasks' losses at their own fast weights
+//! in one batched pass; and the SFT example format.
 
 use std::collections::BTreeMap;
 

@@ -3,7 +3,8 @@
 //! samples, short-term rows and long-term demonstrations (lines 9–11), θ_i
 //! evaluated on the task (line 12), and the outer update from the query
 //! losses (line 14): second-order MAML, first-order MAML or Reptile, as
-//! `[meta] algorithm` says. The outcomes go to both memories.
+//! `[meta] algorithm` says; with `[meta] batch_tasks`, the K query losses in
+//! one batched pass. The outcomes go to both memories.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
