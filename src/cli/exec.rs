@@ -171,11 +171,21 @@ pub fn run(args: ExecArgs) -> Result<()> {
         None => print!("{lines}"),
     }
     let n = reports.len();
-    eprintln!(
-        "{n} samples in {exec_secs:.1}s ({:.1}/s) on {} workers",
-        n as f64 / exec_secs.max(1e-9),
-        sandbox.workers()
-    );
+    if sandbox.is_remote() {
+        let (sent, retried, unanswered) = sandbox.remote_counts();
+        eprintln!(
+            "{n} samples in {exec_secs:.1}s ({:.1}/s) on {} ({} requests at once); {sent} requests, {retried} tried again, {unanswered} never answered (no signal)",
+            n as f64 / exec_secs.max(1e-9),
+            cfg.exec.remote.urls.join(", "),
+            sandbox.workers()
+        );
+    } else {
+        eprintln!(
+            "{n} samples in {exec_secs:.1}s ({:.1}/s) on {} workers",
+            n as f64 / exec_secs.max(1e-9),
+            sandbox.workers()
+        );
+    }
     eprintln!("{:<20} {:>7} {:>7}", "outcome", "samples", "share");
     for (k, c) in &by_outcome {
         eprintln!("{k:<20} {c:>7} {:>6.1}%", 100.0 * *c as f64 / n as f64);

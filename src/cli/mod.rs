@@ -15,6 +15,7 @@ pub mod info;
 pub mod kernels;
 pub mod memory;
 pub mod report;
+pub mod sandbox;
 pub mod score;
 pub mod tasks;
 pub mod train;

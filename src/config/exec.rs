@@ -1,5 +1,6 @@
 //! `[exec]`: the sandbox that runs candidate code (docs/sandbox.md): its
-//! isolation, limits, pool size, clock and CUDA mode.
+//! isolation, limits, pool size, clock and CUDA mode, and `[exec.remote]`,
+//! the sandbox services a run may use instead of a local pool.
 
 use serde::{Deserialize, Serialize};
 
@@ -86,10 +87,70 @@ pub enum ExecClock {
     Wall,
 }
 
+/// Where candidate code runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecBackend {
+    /// A pool of sandboxed workers in this process's machine.
+    #[default]
+    Local,
+    /// The services of `[exec.remote] urls` (`falcon sandbox serve` or SandboxFusion).
+    Remote,
+}
+
+/// What the servers of `[exec.remote] urls` speak.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemoteApi {
+    /// `falcon sandbox serve`: one call per sample returns every test's result.
+    #[default]
+    Falcon,
+    /// A SandboxFusion server: one `/run_code` call per test, the verdict
+    /// read from the exit status and the traceback.
+    SandboxFusion,
+}
+
+/// `[exec.remote]`: sandbox services reached over HTTP (docs/sandbox.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RemoteConfig {
+    /// Base URLs (`http://host:port`); requests go to the least busy one and
+    /// fail over to the next.
+    pub urls: Vec<String>,
+    pub api: RemoteApi,
+    /// Requests in flight per server.
+    pub concurrency: usize,
+    /// Further tries of a request that got no answer (connection refused,
+    /// reset, timed out, 5xx), each after an exponential backoff and on the
+    /// next server.
+    pub retries: u32,
+    /// Deadline of one request, seconds; 0 = the tests' own wall-clock
+    /// limits plus 30 s.
+    pub timeout_s: f64,
+    /// The environment variable holding the bearer token (unset = no token).
+    pub token_env: String,
+}
+
+impl Default for RemoteConfig {
+    fn default() -> Self {
+        Self {
+            urls: Vec::new(),
+            api: RemoteApi::Falcon,
+            concurrency: 4,
+            retries: 3,
+            timeout_s: 0.0,
+            token_env: "FALCON_SANDBOX_TOKEN".to_owned(),
+        }
+    }
+}
+
 /// `[exec]`: the sandbox that runs candidate code (see docs/sandbox.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ExecConfig {
+    /// `"local"` (default): a pool here; `"remote"`: the services of `[exec.remote]`.
+    pub backend: ExecBackend,
+    pub remote: RemoteConfig,
     /// `"bwrap"` (default) or `"none"` (weaker; warns once).
     pub isolation: Isolation,
     /// Warm workers in the pool; 0 = one per CPU.
@@ -142,6 +203,8 @@ pub struct ExecConfig {
 impl Default for ExecConfig {
     fn default() -> Self {
         Self {
+            backend: ExecBackend::Local,
+            remote: RemoteConfig::default(),
             isolation: Isolation::Bwrap,
             workers: 0,
             python: "auto".to_owned(),
@@ -243,6 +306,46 @@ impl Section for ExecConfig {
                 &format!("{path}.bwrap"),
                 &self.bwrap,
                 "must name the bubblewrap binary",
+            );
+        }
+        if self.backend == ExecBackend::Remote && self.remote.urls.is_empty() {
+            problems.push(
+                &format!("{path}.remote.urls"),
+                "[]",
+                "must list at least one server (http://host:port) with backend = \"remote\"",
+            );
+        }
+        for (i, url) in self.remote.urls.iter().enumerate() {
+            let ok = url
+                .strip_prefix("http://")
+                .or_else(|| url.strip_prefix("https://"));
+            if !ok.is_some_and(|rest| !rest.is_empty() && !rest.contains(char::is_whitespace)) {
+                problems.push(
+                    &format!("{path}.remote.urls[{i}]"),
+                    url,
+                    "must be an http:// or https:// URL",
+                );
+            }
+        }
+        if self.remote.concurrency == 0 || self.remote.concurrency > 4096 {
+            problems.push(
+                &format!("{path}.remote.concurrency"),
+                self.remote.concurrency,
+                "must be in [1, 4096]",
+            );
+        }
+        if !(self.remote.timeout_s >= 0.0 && self.remote.timeout_s <= 86400.0) {
+            problems.push(
+                &format!("{path}.remote.timeout_s"),
+                self.remote.timeout_s,
+                "must be 0 (derived from the limits) or in (0, 86400] seconds",
+            );
+        }
+        if self.remote.retries > 100 {
+            problems.push(
+                &format!("{path}.remote.retries"),
+                self.remote.retries,
+                "must be at most 100",
             );
         }
         if self.uid_base == 0

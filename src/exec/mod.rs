@@ -26,10 +26,14 @@
 //! # Ok(()) }
 //! ```
 
+pub mod fusion;
 pub mod isolation;
 pub mod outcome;
 mod pool;
 pub mod protocol;
+mod remote;
+pub mod script;
+pub mod service;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
@@ -40,7 +44,9 @@ pub use self::outcome::{
 };
 pub use self::pool::WORKER_PY;
 pub use self::protocol::CheckMode;
-use crate::config::{ExecConfig, Isolation};
+pub use self::remote::RunTestsRequest;
+pub use self::script::{Script, ScriptError, ScriptRun, ScriptStatus};
+use crate::config::{ExecBackend, ExecConfig, Isolation};
 use crate::task::Task;
 
 /// Errors from building a [`Sandbox`]. Running a sample never errors: a
@@ -76,6 +82,9 @@ pub enum ExecError {
         needed_by: String,
         error: String,
     },
+    /// `[exec] backend = "remote"` and no server of `[exec.remote] urls` answered.
+    #[error("cannot use the remote sandbox ([exec.remote] urls): {0}")]
+    Remote(String),
     /// Namespaces could not be made (or the first worker would not start).
     #[error(
         "cannot create the execution sandbox: {detail}\n\
@@ -134,29 +143,61 @@ pub fn required_modules(task: &Task) -> Vec<String> {
     out
 }
 
-/// The execution sandbox: a pool of warm, isolated workers. Cheap to clone
-/// (clones share the pool); usable from many threads at once.
+/// The execution sandbox: a pool of warm, isolated workers, or the sandbox
+/// services of `[exec.remote]`. Cheap to clone (clones share the pool or
+/// the connections); usable from many threads at once.
 #[derive(Clone)]
 pub struct Sandbox {
-    pool: Arc<pool::Pool>,
+    backend: Backend,
+    cfg: Arc<ExecConfig>,
+}
+
+#[derive(Clone)]
+enum Backend {
+    Local(Arc<pool::Pool>),
+    Remote(Arc<remote::Remote>),
 }
 
 static WEAK_WARNING: Once = Once::new();
+
+/// Bytes of stdout and of stderr a script keeps (its tail): a script's
+/// output is its answer, so more than a test's `[exec] output_bytes`.
+pub const SCRIPT_OUTPUT_BYTES: usize = 1 << 20;
 
 impl Sandbox {
     /// Where `numba_cuda` kernels run in this sandbox: `"simulator"`
     /// (numba's CUDA simulator on the CPU) or `"device"`. Scores of such
     /// tasks must say which.
+    /// (`"remote"` when a remote service does not say.)
     pub fn cuda_label(&self) -> &'static str {
-        match isolation::resolve_cuda(self.pool.launch.cfg.cuda) {
-            crate::config::CudaMode::Device => "device",
-            _ => "simulator",
+        match &self.backend {
+            Backend::Remote(r) => r.cuda,
+            Backend::Local(_) => match isolation::resolve_cuda(self.cfg.cuda) {
+                crate::config::CudaMode::Device => "device",
+                _ => "simulator",
+            },
         }
     }
 
-    /// Starts the pool (`cfg.workers` workers; 0 = one per CPU) and checks
-    /// that isolation works by starting the first worker before returning.
+    /// The sandbox `cfg` describes: with `backend = "local"`, starts the
+    /// pool (`cfg.workers` workers; 0 = one per CPU) and checks that
+    /// isolation works by starting the first worker before returning; with
+    /// `"remote"`, checks that at least one server of `[exec.remote] urls`
+    /// answers.
     pub fn new(cfg: &ExecConfig) -> Result<Sandbox, ExecError> {
+        match cfg.backend {
+            ExecBackend::Local => Sandbox::local(cfg),
+            ExecBackend::Remote => Ok(Sandbox {
+                backend: Backend::Remote(Arc::new(
+                    remote::Remote::new(cfg).map_err(ExecError::Remote)?,
+                )),
+                cfg: Arc::new(cfg.clone()),
+            }),
+        }
+    }
+
+    /// A local pool, whatever `cfg.backend` says (what a service serves).
+    pub fn local(cfg: &ExecConfig) -> Result<Sandbox, ExecError> {
         if !(cfg.timeout_s > 0.0 && cfg.timeout_s.is_finite()) {
             return Err(ExecError::Config(format!(
                 "timeout_s = {} must be > 0",
@@ -254,25 +295,53 @@ impl Sandbox {
                 }
             }
         });
-        Ok(Sandbox { pool })
+        Ok(Sandbox {
+            backend: Backend::Local(pool),
+            cfg: Arc::new(cfg.clone()),
+        })
     }
 
-    /// Number of workers (the most jobs that run at once).
+    /// The most jobs that run at once: local workers, or the remote
+    /// servers' concurrency all together.
     pub fn workers(&self) -> usize {
-        self.pool.size()
+        match &self.backend {
+            Backend::Local(pool) => pool.size(),
+            Backend::Remote(r) => r.capacity(),
+        }
     }
 
     /// The config the sandbox was built with.
     pub fn config(&self) -> &ExecConfig {
-        &self.pool.launch.cfg
+        &self.cfg
+    }
+
+    /// Whether samples run on remote services.
+    pub fn is_remote(&self) -> bool {
+        matches!(self.backend, Backend::Remote(_))
+    }
+
+    /// Remote requests so far: (sent, tried again, never answered).
+    pub fn remote_counts(&self) -> (u64, u64, u64) {
+        match &self.backend {
+            Backend::Local(_) => (0, 0, 0),
+            Backend::Remote(r) => (
+                r.stats.requests.load(Ordering::Relaxed),
+                r.stats.retries.load(Ordering::Relaxed),
+                r.stats.unanswered.load(Ordering::Relaxed),
+            ),
+        }
     }
 
     /// Runs every test of `task` against `code` (a complete program defining
     /// `task.entry_point`), each test on its own. Never panics or errors: a
     /// failure of the sandbox itself is [`ExecReport::no_signal`].
     pub fn run(&self, task: &Task, code: &str) -> ExecReport {
+        let pool = match &self.backend {
+            Backend::Local(pool) => pool,
+            Backend::Remote(r) => return r.run(task, code),
+        };
         let t0 = Instant::now();
-        let cfg = &self.pool.launch.cfg;
+        let cfg = &self.cfg;
         let job = protocol::Job::new(task, code, cfg);
         let body = match serde_json::to_vec(&job) {
             Ok(b) => b,
@@ -286,7 +355,7 @@ impl Sandbox {
         let budget = Duration::from_secs_f64(per_test * task.tests.len() as f64 + 10.0);
         let cap = (cfg.output_bytes + (1 << 20)) * 4 + 64 * task.tests.len() * 1024;
         let attempt = |fresh: bool| {
-            self.pool.with_worker(fresh, |w| {
+            pool.with_worker(fresh, |w| {
                 let bytes = w.call(&body, Instant::now() + budget, cap)?;
                 serde_json::from_slice::<protocol::WireReply>(&bytes)
                     .map_err(|e| format!("malformed worker reply: {e}"))
@@ -301,12 +370,7 @@ impl Sandbox {
         // time, and a candidate starved of CPU until the wall-clock backstop
         // (the machine's load). A second failure is no signal.
         let never_ran = |r: &Result<protocol::WireReply, String>| match r {
-            Err(e) => {
-                e.starts_with(pool::WORKER_GONE)
-                    || e.starts_with(pool::WORKER_DIED)
-                    || e.starts_with(pool::WORKER_LATE)
-                    || e.starts_with(pool::WORKER_UNSTARTED)
-            }
+            Err(e) => pool::never_ran(e),
             Ok(reply) => reply
                 .no_signal
                 .as_deref()
@@ -355,6 +419,81 @@ impl Sandbox {
             .collect()
     }
 
+    /// Runs a whole program as a script (stdin in; stdout, stderr and exit
+    /// status out): SandboxFusion's `run_code`. `Err` only when the sandbox
+    /// could not run it, or the request itself is unusable.
+    pub fn run_script(&self, s: &Script) -> Result<ScriptRun, ScriptError> {
+        let pool = match &self.backend {
+            Backend::Local(pool) => pool,
+            Backend::Remote(r) => return r.run_script(s),
+        };
+        let cfg = &self.cfg;
+        let timeout = s.timeout_s.unwrap_or(cfg.timeout_s);
+        if !(timeout > 0.0 && timeout <= 3600.0) {
+            return Err(ScriptError::BadRequest(format!(
+                "timeout of {timeout} s must be in (0, 3600]"
+            )));
+        }
+        let clock = s.clock.unwrap_or(cfg.clock);
+        let wall = match clock {
+            crate::config::ExecClock::Wall => timeout,
+            crate::config::ExecClock::Cpu => ExecConfig {
+                timeout_s: timeout,
+                wall_timeout_s: if cfg.wall_timeout_s > 0.0 {
+                    cfg.wall_timeout_s.max(timeout)
+                } else {
+                    0.0
+                },
+                ..ExecConfig::default()
+            }
+            .wall_limit_s(),
+        };
+        let out_cap = cfg.output_bytes.max(SCRIPT_OUTPUT_BYTES);
+        let job = script::ScriptJob {
+            script: &s.code,
+            stdin: &s.stdin,
+            files: &s.files,
+            fetch_files: &s.fetch_files,
+            timeout,
+            clock,
+            wall,
+            out_cap,
+            address_space: s.memory_mb.map_or(0, |m| m.max(16) << 20),
+        };
+        let body = serde_json::to_vec(&job).map_err(|e| ScriptError::Sandbox(e.to_string()))?;
+        let budget = Duration::from_secs_f64(wall + 12.0);
+        let cap = out_cap * 8 + (s.fetch_files.len() + 1) * out_cap * 2 + (1 << 20);
+        let attempt = |fresh: bool| {
+            pool.with_worker(fresh, |w| {
+                let bytes = w.call(&body, Instant::now() + budget, cap)?;
+                serde_json::from_slice::<script::WireScriptReply>(&bytes)
+                    .map_err(|e| format!("malformed worker reply: {e}"))
+            })
+        };
+        let never_ran =
+            |r: &Result<script::WireScriptReply, String>| matches!(r, Err(e) if pool::never_ran(e));
+        let first = attempt(false);
+        let reply = if never_ran(&first) {
+            attempt(true)
+        } else {
+            first
+        };
+        match reply {
+            Ok(script::WireScriptReply {
+                script: Some(run), ..
+            }) => Ok(run),
+            Ok(script::WireScriptReply {
+                script_error: Some(e),
+                ..
+            }) => Err(ScriptError::BadRequest(e)),
+            Ok(r) => Err(ScriptError::Sandbox(format!(
+                "sandbox: {}",
+                r.no_signal.unwrap_or_else(|| "empty worker reply".into())
+            ))),
+            Err(e) => Err(ScriptError::Sandbox(format!("sandbox: {e}"))),
+        }
+    }
+
     /// Checks, before any sample runs, that the sandbox's interpreter can
     /// import every module `tasks` need ([`required_modules`]): a task kind
     /// whose imports fail would otherwise score every sample as a runtime
@@ -373,12 +512,10 @@ impl Sandbox {
         if needed.is_empty() {
             return Ok(());
         }
-        let python = &self.pool.launch.python;
         let probe = "import sys\nfor m in sys.argv[1:]:\n    try:\n        __import__(m)\n    except BaseException as e:\n        print(m + '\\t' + type(e).__name__ + ': ' + str(e).replace('\\n', ' '))\n";
-        let out = self.python_probe(probe, "the tasks' imports", |cmd| {
-            cmd.args(needed.iter().map(|(m, _)| m));
-        })?;
-        let text = String::from_utf8_lossy(&out.stdout);
+        let args: Vec<String> = needed.iter().map(|(m, _)| m.clone()).collect();
+        let out = self.python_probe(probe, &args, false, "the tasks' imports")?;
+        let text = out.stdout;
         let missing: Vec<MissingModule> = text
             .lines()
             .filter_map(|l| l.split_once('\t'))
@@ -396,7 +533,7 @@ impl Sandbox {
             .collect();
         if !missing.is_empty() {
             return Err(ExecError::MissingModules {
-                python: python.display().to_string(),
+                python: self.python_label(),
                 missing,
             });
         }
@@ -411,21 +548,59 @@ impl Sandbox {
         Ok(())
     }
 
-    /// Run `code` in the sandbox's interpreter (isolated mode), as `prepare`
-    /// sets the command up, to check `what` before any sample runs.
+    /// The interpreter candidate code runs in, in words.
+    fn python_label(&self) -> String {
+        match &self.backend {
+            Backend::Local(pool) => pool.launch.python.display().to_string(),
+            Backend::Remote(_) => format!(
+                "the Python of the remote sandbox at {}",
+                self.cfg.remote.urls.join(", ")
+            ),
+        }
+    }
+
+    /// Runs `code` with `args` in the sandbox's interpreter (locally in its
+    /// isolated mode, with the sandbox's environment when `sandbox_env`; on
+    /// a remote service as a script) to check `what` before any sample runs.
     fn python_probe(
         &self,
         code: &str,
+        args: &[String],
+        sandbox_env: bool,
         what: &str,
-        prepare: impl FnOnce(&mut std::process::Command),
-    ) -> Result<std::process::Output, ExecError> {
-        let python = &self.pool.launch.python;
+    ) -> Result<ProbeOutput, ExecError> {
+        let pool = match &self.backend {
+            Backend::Local(pool) => pool,
+            Backend::Remote(r) => {
+                let argv = serde_json::to_string(args).unwrap_or_else(|_| "[]".into());
+                let run = r
+                    .run_script(&Script {
+                        code: format!("import sys\nsys.argv[1:] = {argv}\n{code}"),
+                        timeout_s: Some(120.0),
+                        ..Script::default()
+                    })
+                    .map_err(|e| ExecError::Remote(format!("checking {what}: {e}")))?;
+                return Ok(ProbeOutput {
+                    ok: run.succeeded(),
+                    stdout: run.stdout,
+                    stderr: run.stderr,
+                });
+            }
+        };
+        let python = &pool.launch.python;
         let mut cmd = std::process::Command::new(python);
-        cmd.arg("-I").arg("-c").arg(code);
-        prepare(&mut cmd);
-        cmd.output().map_err(|e| ExecError::Missing {
+        cmd.arg("-I").arg("-c").arg(code).args(args);
+        if sandbox_env {
+            cmd.env_clear().envs(isolation::sandbox_env(self.config()));
+        }
+        let out = cmd.output().map_err(|e| ExecError::Missing {
             what: format!("a working Python at {}", python.display()),
             hint: format!("it could not be started to check {what}: {e}"),
+        })?;
+        Ok(ProbeOutput {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         })
     }
 
@@ -435,22 +610,18 @@ impl Sandbox {
     /// small kernel over arrays, compiled and launched in the sandbox's CUDA
     /// mode (device or simulator), tells before any sample runs.
     fn require_cuda_kernel(&self, needed_by: &str) -> Result<(), ExecError> {
-        let python = &self.pool.launch.python;
         let probe = "import numpy as np\nfrom numba import cuda\n@cuda.jit\ndef k(a, out):\n    i = cuda.grid(1)\n    if i < out.size:\n        out[i] = a[i] * 2.0\na = np.arange(8, dtype=np.float64)\nout = np.zeros_like(a)\nk[1, 8](a, out)\nassert (out == 2 * a).all(), out\n";
-        let out = self.python_probe(probe, "numba-cuda", |cmd| {
-            cmd.env_clear().envs(isolation::sandbox_env(self.config()));
-        })?;
+        let out = self.python_probe(probe, &[], true, "numba-cuda")?;
         let mode = match isolation::resolve_cuda(self.config().cuda) {
             crate::config::CudaMode::Sim => "numba's CUDA simulator",
             _ => "the GPU",
         };
-        if out.status.success() {
+        if out.ok {
             return Ok(());
         }
-        let err = String::from_utf8_lossy(&out.stderr);
-        let last = exception_text(&err);
+        let last = exception_text(&out.stderr);
         Err(ExecError::CudaKernel {
-            python: python.display().to_string(),
+            python: self.python_label(),
             mode: mode.into(),
             needed_by: needed_by.into(),
             error: last,
@@ -460,8 +631,18 @@ impl Sandbox {
     /// How many workers have been started lazily (replacements for dead or
     /// killed ones, and slots that were not warm yet).
     pub fn lazy_starts(&self) -> u64 {
-        self.pool.respawns.load(Ordering::Relaxed)
+        match &self.backend {
+            Backend::Local(pool) => pool.respawns.load(Ordering::Relaxed),
+            Backend::Remote(_) => 0,
+        }
     }
+}
+
+/// What a check run in the sandbox's interpreter printed.
+struct ProbeOutput {
+    ok: bool,
+    stdout: String,
+    stderr: String,
 }
 
 /// `N <kind>task(s), e.g. ID` for the tasks `ts` (at least one); `kind`

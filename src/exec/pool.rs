@@ -27,6 +27,15 @@ pub const WORKER_LATE: &str = "worker did not answer before the job deadline";
 /// Prefix of the error for a slot whose worker could not be started.
 pub const WORKER_UNSTARTED: &str = "cannot start a sandbox worker";
 
+/// Whether a job's error says it never got to run (a worker that died
+/// while idle, would not start, or did not answer in time): the sandbox's
+/// failure, so it is tried once more on a fresh worker.
+pub fn never_ran(e: &str) -> bool {
+    [WORKER_GONE, WORKER_DIED, WORKER_LATE, WORKER_UNSTARTED]
+        .iter()
+        .any(|p| e.starts_with(p))
+}
+
 /// How long a fresh worker may take to import its preloads and say ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -1070,6 +1070,183 @@ def run_job(job):
     return {"tests": results, "output": out.decode("utf-8", "replace"), "seconds": time.perf_counter() - t0}
 
 
+# ------------------------------------------------------- script mode
+# A whole program run as `python main.py` would run it: stdin from the job,
+# stdout and stderr kept apart, the exit status as the verdict. This is what
+# SandboxFusion's `run_code` does (`falcon sandbox serve`); the candidate gets
+# the same limits, uid and clean-up as a test's candidate process.
+
+SCRIPT_NAME = "main.py"
+
+
+def _safe_rel(path):
+    """A relative path inside the job directory, or None."""
+    if type(path) is not str or not path or path.startswith("/") or "\0" in path:
+        return None
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts or any(p == ".." for p in parts):
+        return None
+    return os.path.join(*parts)
+
+
+def _script_child(code, inpath, outpath, errpath, tdir, timeout, clock, as_limit):
+    global _clock
+    try:
+        os.setsid()
+        fds = [os.open(inpath, os.O_RDONLY),
+               os.open(outpath, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+               os.open(errpath, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)]
+        for i, fd in enumerate(fds):
+            os.dup2(fd, i)
+        os.closerange(3, 1 << 16)
+        for name, res in (("as", resource.RLIMIT_AS), ("fsize", resource.RLIMIT_FSIZE),
+                          ("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
+            lim = min(LIM[name], as_limit) if name == "as" and as_limit else LIM[name]
+            if name != "nproc" or SETUID:
+                resource.setrlimit(res, (lim, lim))
+        cpu = max(1, int(timeout) + 1)
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        os.chdir(tdir)
+        if SETUID:
+            os.setgroups([])
+            os.setgid(UID)
+            os.setuid(UID)
+        os.environ["HOME"] = tdir
+        os.environ["TMPDIR"] = tdir
+        sys.path[:] = [tdir] + [p for p in sys.path if p not in ("", ".")]
+        sys.argv[:] = [SCRIPT_NAME]
+        # The timer's signal ends the process (default action): the parent
+        # reads a SIGALRM death as the time limit. Code that catches SIGALRM
+        # still meets RLIMIT_CPU or the wall-clock deadline.
+        _clock = clock
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.signal(signal.SIGPROF, signal.SIG_DFL)
+        _arm(timeout)
+    except BaseException:
+        os._exit(71)
+    rc = 0
+    try:
+        g = {"__name__": "__main__", "__builtins__": builtins, "__file__": SCRIPT_NAME}
+        exec(compile(code, SCRIPT_NAME, "exec", dont_inherit=True), g)
+    except SystemExit as e:
+        c = e.code
+        if c is None:
+            rc = 0
+        elif type(c) is int:
+            rc = c & 0xFF
+        else:
+            try:
+                sys.stderr.write(str(c) + "\n")
+            except BaseException:
+                pass
+            rc = 1
+    except BaseException:
+        try:
+            import traceback
+            traceback.print_exc()
+        except BaseException:
+            pass
+        rc = 1
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except BaseException:
+            pass
+    os._exit(rc)
+
+
+def run_script(job):
+    t0 = time.perf_counter()
+    timeout = float(job["timeout"])
+    clock = job["clock"] if job.get("clock") in CLOCKS else "wall"
+    wall = max(timeout, float(job.get("wall", timeout)))
+    cap = int(job.get("out_cap", OUT_CAP))
+    try:
+        code = job["script"]
+        if type(code) is not str:
+            raise ValueError("script is not a string")
+        tdir = _fresh_tdir()
+        for path, data in (job.get("files") or {}).items():
+            rel = _safe_rel(path)
+            if rel is None:
+                return {"script_error": "file path %r must be relative, inside the job directory" % path}
+            full = os.path.join(tdir, rel)
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "wb") as f:
+                f.write(base64.b64decode(data or "", validate=True))
+            if SETUID:
+                d = os.path.dirname(full)
+                while len(d) >= len(tdir):
+                    os.chown(d, UID, UID)
+                    d = os.path.dirname(d)
+                os.chown(full, UID, UID)
+        inpath = os.path.join(JOBDIR, "stdin")
+        with open(inpath, "wb") as f:
+            f.write((job.get("stdin") or "").encode())
+    except (ValueError, OSError, TypeError) as e:
+        return {"script_error": "bad job: %s" % e}
+    outpath = os.path.join(JOBDIR, "out")
+    errpath = os.path.join(JOBDIR, "err")
+    as_limit = int(job.get("as") or 0)
+    pid = os.fork()
+    if pid == 0:
+        _script_child(code, inpath, outpath, errpath, tdir, timeout, clock, as_limit)
+        os._exit(72)
+    status, ru, timed_out = None, None, False
+    try:
+        signal.setitimer(signal.ITIMER_REAL, wall + GRACE)
+        _, status, ru = os.wait4(pid, 0)
+    except Deadline:
+        timed_out = True
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    if status is None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        _, status, ru = os.wait4(pid, 0)
+    _reap()
+    seconds = time.perf_counter() - t0
+    out = {"seconds": seconds, "cpu_seconds": (ru.ru_utime + ru.ru_stime) if ru else 0.0,
+           "stdout": _tail(outpath, cap).decode("utf-8", "replace"),
+           "stderr": _tail(errpath, cap).decode("utf-8", "replace"), "files": {}}
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    if timed_out or sig in (signal.SIGALRM, signal.SIGPROF, signal.SIGXCPU):
+        out["status"] = "timeout"
+        out["return_code"] = None
+    elif sig is not None:
+        out["status"] = "finished"
+        out["return_code"] = -sig
+    elif os.WEXITSTATUS(status) == 71:
+        return {"script_error": "the candidate process could not be set up"}
+    else:
+        out["status"] = "finished"
+        out["return_code"] = os.WEXITSTATUS(status)
+    for path in job.get("fetch_files") or []:
+        rel = _safe_rel(path)
+        if rel is None:
+            continue
+        full = os.path.join(tdir, rel)
+        try:
+            if os.path.isfile(full) and not os.path.islink(full) and os.path.getsize(full) <= cap:
+                with open(full, "rb") as f:
+                    out["files"][path] = base64.b64encode(f.read()).decode()
+        except OSError:
+            pass
+    for p in (outpath, errpath, inpath):
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+    return {"script": out}
+
+
 def main():
     try:
         # Worker and its children share one CPU: the many short hand-offs
@@ -1094,7 +1271,7 @@ def main():
         if job is None:
             return
         try:
-            reply = run_job(job)
+            reply = run_script(job) if "script" in job else run_job(job)
         except BaseException as e:
             reply = {"no_signal": "worker internal error: %s: %s" % (type(e).__name__, str(e)[:300])}
         send(PROTO_OUT, reply)
