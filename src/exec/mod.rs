@@ -27,6 +27,7 @@
 //! ```
 
 pub mod fusion;
+mod http;
 pub mod isolation;
 pub mod outcome;
 mod pool;

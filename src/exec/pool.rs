@@ -27,6 +27,42 @@ pub const WORKER_LATE: &str = "worker did not answer before the job deadline";
 /// Prefix of the error for a slot whose worker could not be started.
 pub const WORKER_UNSTARTED: &str = "cannot start a sandbox worker";
 
+/// Starts `cmd` from a thread that lives as long as the process. bubblewrap's
+/// `--die-with-parent` (PR_SET_PDEATHSIG) fires when the *thread* that
+/// forked it exits, not the process: a worker started by a short-lived
+/// thread (a batch's scoped thread, the service's per-connection thread,
+/// the pool's warm-up thread) was killed as soon as that thread ended, and
+/// the next job paid for a new worker.
+fn spawn_from_keeper(cmd: Command) -> std::io::Result<Child> {
+    type Order = (Command, std::sync::mpsc::SyncSender<std::io::Result<Child>>);
+    static KEEPER: std::sync::OnceLock<Mutex<std::sync::mpsc::Sender<Order>>> =
+        std::sync::OnceLock::new();
+    let keeper = KEEPER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Order>();
+        std::thread::Builder::new()
+            .name("falcon-exec-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("a thread to start sandbox workers from");
+        Mutex::new(tx)
+    });
+    let (reply, answer) = std::sync::mpsc::sync_channel(1);
+    let sent = keeper
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((cmd, reply));
+    match sent {
+        Ok(()) => answer
+            .recv()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the worker-starting thread is gone"))),
+        // Only if that thread died: start from here rather than not at all.
+        Err(std::sync::mpsc::SendError((mut c, _))) => c.spawn(),
+    }
+}
+
 /// Whether a job's error says it never got to run (a worker that died
 /// while idle, would not start, or did not answer in time): the sandbox's
 /// failure, so it is tried once more on a fresh worker.
@@ -97,9 +133,8 @@ impl Worker {
                 .envs(isolation::sandbox_env(&l.cfg))
                 .current_dir(&jobdir);
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", argv[0]))?;
+        let mut child =
+            spawn_from_keeper(cmd).map_err(|e| format!("cannot start {}: {e}", argv[0]))?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = BufReader::new(child.stdout.take().expect("piped"));
         let mut w = Worker {

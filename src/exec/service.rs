@@ -2,27 +2,34 @@
 //! SandboxFusion's API where its client and verl's code reward use it
 //! (`POST /run_code`, `POST /submit` for tests given in the request), and our
 //! own `POST /falcon/run_tests`, which returns a whole per-test
-//! [`ExecReport`]; `GET /health` and `GET /metrics` (Prometheus text) need no
-//! token. Requests queue in a bounded queue in front of a fixed number of
-//! handler threads; a full queue answers 503, a body over the limit 413, a
-//! malformed one 400 with the reason, and a handler that panics 500: no
-//! input stops the server.
+//! [`ExecReport`](super::ExecReport); `GET /health` and `GET /metrics` (Prometheus text) need no
+//! token. Each connection carries one request ([`super::http`]); at most
+//! `concurrency` runs go on at once and `queue` more wait, beyond which the
+//! answer is 503; a body over the limit is 413, a malformed request 400 with
+//! the reason, and a handler that panics 500: no input stops the server.
 
-use std::io::Read;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::io::{BufReader, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tiny_http::{Header, Method, Request, Response, Server};
 
 use super::fusion::{self, RunCodeRequest, SubmitRequest};
+use super::http::{self, ReadFailure};
 use super::remote::RunTestsRequest;
 use super::script::Script;
 use super::Sandbox;
+
+/// How long a client may take to send its request.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most bytes of a refused (413) body read and thrown away.
+const DRAIN_BYTES: usize = 256 << 20;
+/// Connections served at once beyond the queue and the handlers (health
+/// checks, metrics, refusals); more are refused with 503 at once.
+const SPARE_CONNECTIONS: usize = 64;
 
 /// How the service listens and what it accepts.
 #[derive(Debug, Clone)]
@@ -33,9 +40,9 @@ pub struct ServeOptions {
     pub token: Option<String>,
     /// Largest request body, bytes.
     pub max_body_bytes: usize,
-    /// Requests handled at once.
+    /// Runs handled at once (0 = twice the sandbox's workers).
     pub concurrency: usize,
-    /// Requests waiting beyond those; more are answered 503.
+    /// Runs waiting beyond those; more are answered 503.
     pub queue: usize,
     /// Largest `run_timeout` a `/run_code` request may ask for, seconds.
     pub max_run_timeout_s: f64,
@@ -110,13 +117,17 @@ struct Shared {
     opts: ServeOptions,
     metrics: Metrics,
     started: Instant,
+    /// Runs in progress, against `opts.concurrency`.
+    running: Mutex<usize>,
+    freed: Condvar,
+    connections: AtomicUsize,
 }
 
-/// A running service; dropping it does not stop it ([`Service::stop`] does).
+/// A running service; [`Service::stop`] stops it.
 pub struct Service {
-    server: Arc<Server>,
     addr: SocketAddr,
-    threads: Vec<JoinHandle<()>>,
+    stopping: Arc<AtomicBool>,
+    accept: JoinHandle<()>,
 }
 
 impl Service {
@@ -125,60 +136,57 @@ impl Service {
         if opts.concurrency == 0 {
             opts.concurrency = (sandbox.workers() * 2).max(2);
         }
-        let server = Server::http(&opts.addr).map_err(|e| ServiceError::Bind {
+        let bind = |why: String| ServiceError::Bind {
             addr: opts.addr.clone(),
-            why: e.to_string(),
-        })?;
-        let addr = server
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| ServiceError::Bind {
-                addr: opts.addr.clone(),
-                why: "not an IP address".into(),
-            })?;
-        let server = Arc::new(server);
-        let (tx, rx) = sync_channel::<Request>(opts.queue.max(1));
-        let rx = Arc::new(Mutex::new(rx));
+            why,
+        };
+        let listener = TcpListener::bind(&opts.addr).map_err(|e| bind(e.to_string()))?;
+        let addr = listener.local_addr().map_err(|e| bind(e.to_string()))?;
+        let max_connections = opts.concurrency + opts.queue + SPARE_CONNECTIONS;
         let shared = Arc::new(Shared {
             sandbox,
-            opts: opts.clone(),
+            opts,
             metrics: Metrics::default(),
             started: Instant::now(),
+            running: Mutex::new(0),
+            freed: Condvar::new(),
+            connections: AtomicUsize::new(0),
         });
-        let mut threads = Vec::new();
-        for _ in 0..opts.concurrency {
-            let (rx, shared) = (Arc::clone(&rx), Arc::clone(&shared));
-            threads.push(std::thread::spawn(move || handler_loop(&rx, &shared)));
-        }
-        let (srv, sh) = (Arc::clone(&server), Arc::clone(&shared));
-        threads.push(std::thread::spawn(move || {
-            // Cheap answers (health, metrics, refusals) come from here, so
-            // they are never stuck behind a queue of runs.
-            while let Ok(req) = srv.recv() {
-                let Some(req) = triage(req, &sh) else {
+        let stopping = Arc::new(AtomicBool::new(false));
+        let stop = Arc::clone(&stopping);
+        let accept = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let Ok(mut conn) = conn else {
+                    // Out of file descriptors or the like: wait, go on.
+                    std::thread::sleep(Duration::from_millis(10));
                     continue;
                 };
-                sh.metrics.queued.fetch_add(1, Ordering::Relaxed);
-                match tx.try_send(req) {
-                    Ok(()) => {}
-                    Err(TrySendError::Full(req)) | Err(TrySendError::Disconnected(req)) => {
-                        sh.metrics.queued.fetch_sub(1, Ordering::Relaxed);
-                        let path = endpoint(req.url());
-                        respond(
-                            req,
-                            &sh,
-                            &path,
-                            503,
-                            json!({"detail": "the server is at capacity: try again"}),
-                        );
-                    }
+                if shared.connections.load(Ordering::Relaxed) >= max_connections {
+                    http::respond(
+                        &mut conn,
+                        503,
+                        "application/json",
+                        br#"{"detail": "the server is at capacity: try again"}"#,
+                        true,
+                    );
+                    shared.metrics.count_response("other", 503);
+                    continue;
                 }
+                shared.connections.fetch_add(1, Ordering::Relaxed);
+                let sh = Arc::clone(&shared);
+                std::thread::spawn(move || {
+                    serve_connection(conn, &sh);
+                    sh.connections.fetch_sub(1, Ordering::Relaxed);
+                });
             }
-        }));
+        });
         Ok(Service {
-            server,
             addr,
-            threads,
+            stopping,
+            accept,
         })
     }
 
@@ -189,34 +197,39 @@ impl Service {
 
     /// Serves until the process ends.
     pub fn wait(self) {
-        for t in self.threads {
-            let _ = t.join();
-        }
+        let _ = self.accept.join();
     }
 
-    /// Stops accepting, lets the handlers finish what they hold, and returns.
+    /// Stops accepting and closes the port; runs in progress finish and
+    /// are answered.
     pub fn stop(self) {
-        self.server.unblock();
-        for t in self.threads {
-            let _ = t.join();
-        }
+        self.stopping.store(true, Ordering::Relaxed);
+        // Wake the accept loop.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        let _ = self.accept.join();
     }
 }
 
-/// The path without its query string.
-fn endpoint(url: &str) -> String {
-    url.split('?')
-        .next()
-        .unwrap_or("")
-        .trim_end_matches('/')
-        .to_owned()
-}
-
-/// Answers what needs no handler; returns the requests that do.
-fn triage(req: Request, sh: &Shared) -> Option<Request> {
-    let path = endpoint(req.url());
-    match (req.method(), path.as_str()) {
-        (Method::Get, "/health") | (Method::Get, "" | "/v1/ping") => {
+/// One exchange on one connection.
+fn serve_connection(conn: TcpStream, sh: &Shared) {
+    let _ = conn.set_read_timeout(Some(READ_TIMEOUT));
+    let _ = conn.set_write_timeout(Some(READ_TIMEOUT));
+    let _ = conn.set_nodelay(true);
+    let Ok(read_half) = conn.try_clone() else {
+        return;
+    };
+    let mut conn = conn;
+    let mut reader = BufReader::new(read_half);
+    let req = match http::read_head(&mut reader) {
+        Ok(r) => r,
+        Err(ReadFailure(Some((status, why)))) => {
+            return answer_json(&mut conn, sh, "other", status, json!({ "detail": why }));
+        }
+        Err(ReadFailure(None)) => return,
+    };
+    let path = req.path.as_str();
+    match (req.method.as_str(), path) {
+        ("GET", "/health" | "" | "/v1/ping") => {
             let body = json!({
                 "status": "ok",
                 "server": "falcon-rl",
@@ -225,72 +238,115 @@ fn triage(req: Request, sh: &Shared) -> Option<Request> {
                 "cuda": sh.sandbox.cuda_label(),
                 "isolation": format!("{:?}", sh.sandbox.config().isolation).to_lowercase(),
             });
-            respond(req, sh, &path, 200, body);
-            None
+            answer_json(&mut conn, sh, path, 200, body);
         }
-        (Method::Get, "/metrics") => {
+        ("GET", "/metrics") => {
             let text = metrics_text(sh);
-            let _ = req.respond(
-                Response::from_string(text)
-                    .with_header(header("Content-Type", "text/plain; version=0.0.4")),
+            http::respond(
+                &mut conn,
+                200,
+                "text/plain; version=0.0.4",
+                text.as_bytes(),
+                false,
             );
-            sh.metrics.count_response(&path, 200);
-            None
+            sh.metrics.count_response(path, 200);
         }
-        (_, "/run_code" | "/submit" | "/falcon/run_tests") => {
-            if *req.method() != Method::Post {
-                respond(req, sh, &path, 405, json!({"detail": "use POST"}));
-                return None;
+        (method, "/run_code" | "/submit" | "/falcon/run_tests") => {
+            if method != "POST" {
+                return answer_json(&mut conn, sh, path, 405, json!({"detail": "use POST"}));
             }
-            if !authorized(&req, sh.opts.token.as_deref()) {
-                respond(
-                    req,
+            if !authorized(req.header("Authorization"), sh.opts.token.as_deref()) {
+                return answer_json(
+                    &mut conn,
                     sh,
-                    &path,
+                    path,
                     401,
                     json!({"detail": "missing or wrong bearer token (Authorization: Bearer ...)"}),
                 );
-                return None;
             }
-            if req
-                .body_length()
-                .is_some_and(|n| n > sh.opts.max_body_bytes)
-            {
-                let max = sh.opts.max_body_bytes;
-                respond(
-                    req,
-                    sh,
-                    &path,
-                    413,
-                    json!({"detail": format!("request body over the limit of {max} bytes")}),
+            let body = match http::read_body(&mut reader, &req, sh.opts.max_body_bytes) {
+                Ok(b) => b,
+                Err(ReadFailure(Some((status, why)))) => {
+                    answer_json(&mut conn, sh, path, status, json!({ "detail": why }));
+                    if status == 413 {
+                        // Read what the client still sends (within reason),
+                        // so that closing does not reset the connection
+                        // before it has read the answer.
+                        let n = req.content_length.unwrap_or(0).min(DRAIN_BYTES) as u64;
+                        let _ = std::io::copy(&mut (&mut reader).take(n), &mut std::io::sink());
+                    }
+                    return;
+                }
+                Err(ReadFailure(None)) => return,
+            };
+            let Some(_slot) = Slot::take(sh) else {
+                let body = json!({"detail": "the server is at capacity: try again"});
+                sh.metrics.count_response(path, 503);
+                http::respond(
+                    &mut conn,
+                    503,
+                    "application/json",
+                    body.to_string().as_bytes(),
+                    true,
                 );
-                return None;
-            }
-            Some(req)
+                return;
+            };
+            let (status, body) =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| answer(path, &body, sh)))
+                    .unwrap_or_else(|_| {
+                        (
+                            500,
+                            json!({"detail": "internal error while handling the request"}),
+                        )
+                    });
+            answer_json(&mut conn, sh, path, status, body);
         }
-        _ => {
-            respond(
-                req,
-                sh,
-                &path,
-                404,
-                json!({"detail": format!("no endpoint {path}: try /run_code, /submit, /falcon/run_tests, /health, /metrics")}),
-            );
-            None
-        }
+        _ => answer_json(
+            &mut conn,
+            sh,
+            path,
+            404,
+            json!({"detail": format!("no endpoint {path}: try /run_code, /submit, /falcon/run_tests, /health, /metrics")}),
+        ),
     }
 }
 
-fn authorized(req: &Request, token: Option<&str>) -> bool {
+/// A run slot: waits while `concurrency` runs are in progress; `None` when
+/// `queue` others already wait.
+struct Slot<'a>(&'a Shared);
+
+impl<'a> Slot<'a> {
+    fn take(sh: &'a Shared) -> Option<Slot<'a>> {
+        let mut running = sh.running.lock().unwrap_or_else(|e| e.into_inner());
+        if *running >= sh.opts.concurrency {
+            if sh.metrics.queued.load(Ordering::Relaxed) >= sh.opts.queue as i64 {
+                return None;
+            }
+            sh.metrics.queued.fetch_add(1, Ordering::Relaxed);
+            while *running >= sh.opts.concurrency {
+                running = sh.freed.wait(running).unwrap_or_else(|e| e.into_inner());
+            }
+            sh.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+        *running += 1;
+        sh.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some(Slot(sh))
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let mut running = self.0.running.lock().unwrap_or_else(|e| e.into_inner());
+        *running -= 1;
+        self.0.metrics.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.freed.notify_one();
+    }
+}
+
+fn authorized(given: Option<&str>, token: Option<&str>) -> bool {
     let Some(token) = token else { return true };
-    let given = req
-        .headers()
-        .iter()
-        .find(|h| h.field.equiv("Authorization"))
-        .map(|h| h.value.as_str().trim().to_owned())
-        .unwrap_or_default();
     let given = given
-        .strip_prefix("Bearer ")
+        .and_then(|v| v.trim().strip_prefix("Bearer "))
         .unwrap_or("")
         .trim()
         .as_bytes();
@@ -303,59 +359,21 @@ fn authorized(req: &Request, token: Option<&str>) -> bool {
             == 0
 }
 
-fn handler_loop(rx: &Mutex<Receiver<Request>>, sh: &Shared) {
-    loop {
-        let req = {
-            let rx = rx.lock().unwrap_or_else(|e| e.into_inner());
-            match rx.recv() {
-                Ok(r) => r,
-                Err(_) => return,
-            }
-        };
-        sh.metrics.queued.fetch_sub(1, Ordering::Relaxed);
-        sh.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
-        handle(req, sh);
-        sh.metrics.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-fn handle(mut req: Request, sh: &Shared) {
-    let path = endpoint(req.url());
-    let mut body = Vec::new();
-    let limit = sh.opts.max_body_bytes;
-    let read = req
-        .as_reader()
-        .take(limit as u64 + 1)
-        .read_to_end(&mut body);
-    if let Err(e) = read {
-        respond(
-            req,
-            sh,
-            &path,
-            400,
-            json!({"detail": format!("reading the body: {e}")}),
-        );
-        return;
-    }
-    if body.len() > limit {
-        respond(
-            req,
-            sh,
-            &path,
-            413,
-            json!({"detail": format!("request body over the limit of {limit} bytes")}),
-        );
-        return;
-    }
-    let answer =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| answer(&path, &body, sh)))
-            .unwrap_or_else(|_| {
-                (
-                    500,
-                    json!({"detail": "internal error while handling the request"}),
-                )
-            });
-    respond(req, sh, &path, answer.0, answer.1);
+fn answer_json(
+    conn: &mut TcpStream,
+    sh: &Shared,
+    path: &str,
+    status: u16,
+    body: serde_json::Value,
+) {
+    sh.metrics.count_response(path, status);
+    http::respond(
+        conn,
+        status,
+        "application/json",
+        body.to_string().as_bytes(),
+        status == 503,
+    );
 }
 
 /// The status and JSON body for a POST to `path`.
@@ -456,22 +474,6 @@ fn answer(path: &str, body: &[u8], sh: &Shared) -> (u16, serde_json::Value) {
     }
 }
 
-fn header(k: &str, v: &str) -> Header {
-    Header::from_bytes(k.as_bytes(), v.as_bytes()).expect("valid header")
-}
-
-fn respond(req: Request, sh: &Shared, path: &str, status: u16, body: serde_json::Value) {
-    sh.metrics.count_response(path, status);
-    let mut resp = Response::from_string(body.to_string())
-        .with_status_code(status)
-        .with_header(header("Content-Type", "application/json"));
-    if status == 503 {
-        resp = resp.with_header(header("Retry-After", "1"));
-    }
-    // A client that went away is not the server's problem.
-    let _ = req.respond(resp);
-}
-
 fn metrics_text(sh: &Shared) -> String {
     let m = &sh.metrics;
     let up = sh.started.elapsed().as_secs_f64();
@@ -528,8 +530,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn endpoints_ignore_query_and_trailing_slash() {
-        assert_eq!(endpoint("/run_code?x=1"), "/run_code");
-        assert_eq!(endpoint("/health/"), "/health");
+    fn only_the_exact_bearer_token_is_authorized() {
+        assert!(authorized(None, None));
+        assert!(authorized(Some("Bearer abc"), Some("abc")));
+        assert!(authorized(Some("  Bearer abc "), Some("abc")));
+        assert!(!authorized(Some("Bearer abd"), Some("abc")));
+        assert!(!authorized(Some("Bearer ab"), Some("abc")));
+        assert!(!authorized(Some("abc"), Some("abc")));
+        assert!(!authorized(None, Some("abc")));
     }
 }
