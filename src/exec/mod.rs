@@ -377,13 +377,7 @@ impl Sandbox {
                 .as_deref()
                 .is_some_and(|why| why.contains("starved")),
         };
-        let first = attempt(false);
-        let reply = if never_ran(&first) {
-            attempt(true)
-        } else {
-            first
-        };
-        match reply {
+        match once_more(attempt, never_ran) {
             Ok(r) => {
                 let mut report = protocol::report_from_reply(r, task.tests.len(), cfg.output_bytes);
                 report.seconds = t0.elapsed().as_secs_f64();
@@ -473,13 +467,7 @@ impl Sandbox {
         };
         let never_ran =
             |r: &Result<script::WireScriptReply, String>| matches!(r, Err(e) if pool::never_ran(e));
-        let first = attempt(false);
-        let reply = if never_ran(&first) {
-            attempt(true)
-        } else {
-            first
-        };
-        match reply {
+        match once_more(attempt, never_ran) {
             Ok(script::WireScriptReply {
                 script: Some(run), ..
             }) => Ok(run),
@@ -636,6 +624,21 @@ impl Sandbox {
             Backend::Local(pool) => pool.respawns.load(Ordering::Relaxed),
             Backend::Remote(_) => 0,
         }
+    }
+}
+
+/// `attempt(false)`, and when its result says the job never got to run,
+/// `attempt(true)` on a fresh worker: the sandbox's failure is not the
+/// sample's, but a second one is no signal.
+fn once_more<T>(
+    attempt: impl Fn(bool) -> Result<T, String>,
+    never_ran: impl Fn(&Result<T, String>) -> bool,
+) -> Result<T, String> {
+    let first = attempt(false);
+    if never_ran(&first) {
+        attempt(true)
+    } else {
+        first
     }
 }
 

@@ -340,6 +340,20 @@ def _span(f):
 SIM_THREADS = 1100
 
 
+def _become_candidate(tdir, argv0, path_first):
+    """The last steps into a candidate process: its directory, its uid, an
+    environment and import path that point nowhere else."""
+    os.chdir(tdir)
+    if SETUID:
+        os.setgroups([])
+        os.setgid(UID)
+        os.setuid(UID)
+    os.environ["HOME"] = tdir
+    os.environ["TMPDIR"] = tdir
+    sys.path[:] = path_first + [p for p in sys.path if p not in ("", ".")]
+    sys.argv[:] = [argv0]
+
+
 def _child_main(code_objs, rfd, wfd, outfd, tdir, timeout, clock, mode, setup, test, ntests):
     global _clock
     try:
@@ -375,15 +389,7 @@ def _child_main(code_objs, rfd, wfd, outfd, tdir, timeout, clock, mode, setup, t
         # (`reuse_child`); the hard limit bounds the whole job.
         resource.setrlimit(resource.RLIMIT_CPU, (LIM["cpu"], LIM["cpu"] * max(1, ntests) + 1))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        os.chdir(tdir)
-        if SETUID:
-            os.setgroups([])
-            os.setgid(UID)
-            os.setuid(UID)
-        os.environ["HOME"] = tdir
-        os.environ["TMPDIR"] = tdir
-        sys.path[:] = [p for p in sys.path if p not in ("", ".")]
-        sys.argv[:] = [CAND]
+        _become_candidate(tdir, CAND, [])
         _clock = clock
         signal.signal(signal.SIGALRM, _on_alarm)
         signal.signal(signal.SIGPROF, _on_alarm)
@@ -1107,15 +1113,8 @@ def _script_child(code, inpath, outpath, errpath, tdir, timeout, clock, as_limit
         cpu = max(1, int(timeout) + 1)
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        os.chdir(tdir)
-        if SETUID:
-            os.setgroups([])
-            os.setgid(UID)
-            os.setuid(UID)
-        os.environ["HOME"] = tdir
-        os.environ["TMPDIR"] = tdir
-        sys.path[:] = [tdir] + [p for p in sys.path if p not in ("", ".")]
-        sys.argv[:] = [SCRIPT_NAME]
+        # A script imports its own files from its directory, as `python main.py` would.
+        _become_candidate(tdir, SCRIPT_NAME, [tdir])
         # The timer's signal ends the process (default action): the parent
         # reads a SIGALRM death as the time limit. Code that catches SIGALRM
         # still meets RLIMIT_CPU or the wall-clock deadline.
