@@ -36,10 +36,10 @@ pub struct ServeArgs {
     /// Largest request body, MiB.
     #[arg(long, default_value_t = 16)]
     max_body_mb: usize,
-    /// Requests handled at once (0 = twice the workers).
+    /// Runs handled at once (0 = twice the workers); more wait in the queue.
     #[arg(long, default_value_t = 0)]
     concurrency: usize,
-    /// Requests that may wait beyond those; more get 503.
+    /// Runs that may wait beyond those; more are answered 503.
     #[arg(long, default_value_t = 1024)]
     queue: usize,
     /// Largest `run_timeout` a request may ask for, seconds.
@@ -64,13 +64,6 @@ pub fn run(cmd: SandboxCmd) -> Result<()> {
     let token = std::env::var(&a.token_env)
         .ok()
         .filter(|t| !t.trim().is_empty());
-    let public = !a.listen.starts_with("127.") && !a.listen.starts_with("localhost");
-    if public && token.is_none() {
-        eprintln!(
-            "warning: listening on {} without a token: anyone who reaches this port can run code in the sandbox; set {}",
-            a.listen, a.token_env
-        );
-    }
     let opts = ServeOptions {
         addr: a.listen.clone(),
         token: token.clone(),
@@ -80,6 +73,13 @@ pub fn run(cmd: SandboxCmd) -> Result<()> {
         max_run_timeout_s: a.max_run_timeout,
     };
     let service = Service::start(sandbox.clone(), opts).map_err(usage)?;
+    if !service.addr().ip().is_loopback() && token.is_none() {
+        eprintln!(
+            "warning: listening on {} without a token: anyone who reaches this port can run code in the sandbox; set {}",
+            service.addr(),
+            a.token_env
+        );
+    }
     eprintln!(
         "falcon sandbox: serving on http://{} ({} workers, numba kernels: {}, token: {}); POST /run_code, /submit, /falcon/run_tests; GET /health, /metrics",
         service.addr(),
