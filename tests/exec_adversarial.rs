@@ -349,6 +349,41 @@ fn forged_result_records_are_ignored() {
     assert_contained(&sb, 62120, &r, "forged records");
 }
 
+/// Workers outlive the threads that needed them: bubblewrap's
+/// `--die-with-parent` is tied to the thread that started it, and workers
+/// started by the pool's warm-up thread or a batch's threads used to die
+/// with them, so every batch started new ones.
+#[test]
+fn workers_started_inside_a_batch_survive_it() {
+    let cfg = ExecConfig {
+        workers: 2,
+        uid_base: 62140,
+        timeout_s: 5.0,
+        ..ExecConfig::default()
+    };
+    let sb = Sandbox::new(&cfg).unwrap_or_else(|e| panic!("sandbox: {e}"));
+    let task = add_task();
+    let jobs: Vec<(&Task, &str)> = (0..8).map(|_| (&task, ADD)).collect();
+    // Until both slots have a worker (the second may still be warming).
+    for _ in 0..3 {
+        assert!(sb
+            .run_batch(&jobs)
+            .iter()
+            .all(|r| r.outcome == Some(RewardClass::Pass)));
+    }
+    let started = sb.lazy_starts();
+    for _ in 0..5 {
+        std::thread::scope(|s| {
+            s.spawn(|| sb.run_batch(&jobs));
+        });
+    }
+    assert_eq!(
+        sb.lazy_starts(),
+        started,
+        "batches started new workers: the old ones died with a thread"
+    );
+}
+
 #[test]
 fn killed_worker_is_replaced_and_never_hangs_the_caller() {
     let sb = sandbox(62130);
