@@ -146,19 +146,7 @@ impl Observer for TrainProgress {
 
     fn on_step(&mut self, r: &StepRecord) {
         let secs: f64 = r.seconds.values().sum();
-        let loss = r.loss.get("total").copied().unwrap_or(f64::NAN);
-        let msg = if r.samples == 0 {
-            // SFT: nothing generated, nothing scored.
-            format!("loss {loss:.4} lr {:.2e}", r.lr)
-        } else {
-            format!(
-                "reward {:+.3} pass {:.0}% loss {loss:.4} {:.0} tok/s",
-                r.reward.get("total").copied().unwrap_or(f64::NAN),
-                100.0 * r.pass_rate,
-                r.tokens_generated as f64
-                    / r.seconds.get("generate").copied().unwrap_or(secs).max(1e-9)
-            )
-        };
+        let msg = step_line(r);
         match &self.bar {
             Some(b) => {
                 b.set_message(msg);
@@ -194,5 +182,61 @@ impl Observer for TrainProgress {
             Some(b) => b.println(format!("falcon: {m}")),
             None => eprintln!("falcon: {m}"),
         }
+    }
+}
+
+/// A step's figures in words, as the progress line shows them.
+fn step_line(r: &StepRecord) -> String {
+    let secs: f64 = r.seconds.values().sum();
+    let loss = r.loss.get("total").copied().unwrap_or(f64::NAN);
+    let mut msg = if r.samples == 0 {
+        // SFT: nothing generated, nothing scored.
+        format!("loss {loss:.4} lr {:.2e}", r.lr)
+    } else {
+        format!(
+            "reward {:+.3} pass {:.0}% loss {loss:.4} {:.0} tok/s",
+            r.reward.get("total").copied().unwrap_or(f64::NAN),
+            100.0 * r.pass_rate,
+            r.tokens_generated as f64
+                / r.seconds.get("generate").copied().unwrap_or(secs).max(1e-9)
+        )
+    };
+    if r.no_signal > 0 {
+        // The sandbox (local or remote) could not run these: excluded
+        // from the reward, and worth seeing before it becomes a trend.
+        msg.push_str(&format!(
+            "; {} of {} samples no signal (excluded)",
+            r.no_signal, r.samples
+        ));
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_step_line_says_how_many_samples_got_no_signal() {
+        let mut r = StepRecord {
+            step: 3,
+            lr: 1e-4,
+            loss: [("total".to_owned(), 0.5)].into(),
+            reward: [("total".to_owned(), 1.25)].into(),
+            pass_rate: 0.5,
+            samples: 32,
+            no_signal: 0,
+            error_kinds: Default::default(),
+            grad_norm: 1.0,
+            tokens_generated: 100,
+            seconds: [("generate".to_owned(), 2.0)].into(),
+        };
+        assert_eq!(step_line(&r), "reward +1.250 pass 50% loss 0.5000 50 tok/s");
+        r.no_signal = 4;
+        assert!(
+            step_line(&r).ends_with("; 4 of 32 samples no signal (excluded)"),
+            "{}",
+            step_line(&r)
+        );
     }
 }
