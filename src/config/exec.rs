@@ -235,12 +235,18 @@ impl Default for ExecConfig {
 impl ExecConfig {
     /// The wall-clock seconds a test may take before the worker kills it.
     pub fn wall_limit_s(&self) -> f64 {
-        match self.clock {
-            ExecClock::Wall => self.timeout_s,
-            ExecClock::Cpu if self.wall_timeout_s > 0.0 => self.wall_timeout_s,
+        self.wall_limit_for(self.timeout_s, self.clock)
+    }
+
+    /// The same for a limit of `timeout_s` on `clock` (a script's own): a
+    /// configured `wall_timeout_s` still applies, but never below the limit.
+    pub fn wall_limit_for(&self, timeout_s: f64, clock: ExecClock) -> f64 {
+        match clock {
+            ExecClock::Wall => timeout_s,
+            ExecClock::Cpu if self.wall_timeout_s > 0.0 => self.wall_timeout_s.max(timeout_s),
             // Roomy, so that a CPU-bound test on a loaded machine (a quarter
             // of a core) still ends on its CPU limit, not on this one.
-            ExecClock::Cpu => 3.0 * self.timeout_s + 10.0,
+            ExecClock::Cpu => 3.0 * timeout_s + 10.0,
         }
     }
 }

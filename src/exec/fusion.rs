@@ -46,6 +46,23 @@ fn default_timeout() -> f64 {
     10.0
 }
 
+impl RunCodeRequest {
+    /// A Python program with no stdin and no files, its run limited to
+    /// `run_timeout` seconds.
+    pub fn python(code: String, run_timeout: f64) -> RunCodeRequest {
+        RunCodeRequest {
+            code,
+            language: "python".into(),
+            compile_timeout: default_timeout(),
+            run_timeout,
+            stdin: None,
+            files: BTreeMap::new(),
+            fetch_files: vec![],
+            memory_limit_mb: None,
+        }
+    }
+}
+
 /// One command's result (`compile_result` / `run_result`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CommandRunResult {
@@ -142,6 +159,28 @@ pub fn response_from_run(run: Result<ScriptRun, ScriptError>) -> RunCodeResponse
             files: BTreeMap::new(),
         },
     }
+}
+
+/// The script's result a `/run_code` answer carries (the inverse of
+/// [`response_from_run`]); `Err` with the server's words when it ran
+/// nothing.
+pub fn run_from_response(resp: RunCodeResponse) -> Result<ScriptRun, String> {
+    let Some(run) = resp.run_result else {
+        return Err(format!("{} {}", resp.status, resp.message));
+    };
+    Ok(ScriptRun {
+        status: if run.status == "TimeLimitExceeded" {
+            ScriptStatus::Timeout
+        } else {
+            ScriptStatus::Finished
+        },
+        return_code: run.return_code,
+        stdout: run.stdout.unwrap_or_default(),
+        stderr: run.stderr.unwrap_or_default(),
+        seconds: run.execution_time.unwrap_or(0.0),
+        cpu_seconds: run.cpu_time.unwrap_or(0.0),
+        files: resp.files,
+    })
 }
 
 /// `POST /submit`'s body, for datasets the server does not hold: the test
@@ -425,16 +464,29 @@ mod tests {
     }
 
     #[test]
+    fn a_run_survives_the_trip_through_a_response() {
+        let run = ScriptRun {
+            status: ScriptStatus::Timeout,
+            return_code: None,
+            stdout: "a".into(),
+            stderr: "b".into(),
+            seconds: 1.5,
+            cpu_seconds: 1.0,
+            files: [("o".to_owned(), "aGk=".to_owned())].into(),
+        };
+        assert_eq!(
+            run_from_response(response_from_run(Ok(run.clone()))),
+            Ok(run)
+        );
+        let err = run_from_response(response_from_run(Err(ScriptError::Sandbox("x".into()))));
+        assert_eq!(err, Err("SandboxError x".to_owned()));
+    }
+
+    #[test]
     fn requests_for_other_languages_or_timeouts_are_refused() {
         let req = |language: &str, run_timeout| RunCodeRequest {
-            code: "print(1)".into(),
             language: language.into(),
-            compile_timeout: 10.0,
-            run_timeout,
-            stdin: None,
-            files: BTreeMap::new(),
-            fetch_files: vec![],
-            memory_limit_mb: None,
+            ..RunCodeRequest::python("print(1)".into(), run_timeout)
         };
         assert!(script_from_request(req("cpp", 1.0), 60.0)
             .unwrap_err()

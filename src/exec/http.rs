@@ -203,7 +203,7 @@ fn reason(status: u16) -> &'static str {
 }
 
 fn excerpt(s: &str) -> String {
-    s.chars().take(80).collect()
+    crate::text::clip(s, 80, "")
 }
 
 #[cfg(test)]

@@ -168,8 +168,7 @@ pub const SCRIPT_OUTPUT_BYTES: usize = 1 << 20;
 impl Sandbox {
     /// Where `numba_cuda` kernels run in this sandbox: `"simulator"`
     /// (numba's CUDA simulator on the CPU) or `"device"`. Scores of such
-    /// tasks must say which.
-    /// (`"remote"` when a remote service does not say.)
+    /// tasks must say which; `"remote"` when a remote service does not say.
     pub fn cuda_label(&self) -> &'static str {
         match &self.backend {
             Backend::Remote(r) => r.cuda,
@@ -430,19 +429,7 @@ impl Sandbox {
             )));
         }
         let clock = s.clock.unwrap_or(cfg.clock);
-        let wall = match clock {
-            crate::config::ExecClock::Wall => timeout,
-            crate::config::ExecClock::Cpu => ExecConfig {
-                timeout_s: timeout,
-                wall_timeout_s: if cfg.wall_timeout_s > 0.0 {
-                    cfg.wall_timeout_s.max(timeout)
-                } else {
-                    0.0
-                },
-                ..ExecConfig::default()
-            }
-            .wall_limit_s(),
-        };
+        let wall = cfg.wall_limit_for(timeout, clock);
         let out_cap = cfg.output_bytes.max(SCRIPT_OUTPUT_BYTES);
         let job = script::ScriptJob {
             script: &s.code,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::fusion::{self, RunCodeRequest, RunCodeResponse};
 use super::outcome::ExecReport;
-use super::script::{Script, ScriptError, ScriptRun, ScriptStatus};
+use super::script::{Script, ScriptError, ScriptRun};
 use crate::config::{ExecConfig, RemoteApi};
 use crate::task::Task;
 
@@ -34,6 +34,14 @@ enum Failure {
     Retry(String),
     /// The server refused the request itself: trying again cannot help.
     Refused(String),
+}
+
+impl Failure {
+    fn into_message(self) -> String {
+        match self {
+            Failure::Retry(e) | Failure::Refused(e) => e,
+        }
+    }
 }
 
 /// Counters of the remote backend, for the logs and the metrics.
@@ -125,9 +133,7 @@ impl Remote {
             RemoteApi::Falcon => {
                 let text = self
                     .call(i, "GET", "/health", None, PROBE_TIMEOUT)
-                    .map_err(|f| match f {
-                        Failure::Retry(e) | Failure::Refused(e) => e,
-                    })?;
+                    .map_err(Failure::into_message)?;
                 let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
                     format!("/health is not JSON ({e}): is this `falcon sandbox serve`?")
                 })?;
@@ -137,9 +143,7 @@ impl Remote {
                 let req = probe_request();
                 let text = self
                     .call(i, "POST", "/run_code", Some(&req), PROBE_TIMEOUT)
-                    .map_err(|f| match f {
-                        Failure::Retry(e) | Failure::Refused(e) => e,
-                    })?;
+                    .map_err(Failure::into_message)?;
                 let resp: RunCodeResponse = serde_json::from_str(&text)
                     .map_err(|e| format!("/run_code answer is not a RunCodeResponse: {e}"))?;
                 match resp.run_result.and_then(|r| r.stdout) {
@@ -315,14 +319,8 @@ impl Remote {
         for i in 0..task.tests.len() {
             let (program, first) = fusion::test_program(task, code, i);
             let req = RunCodeRequest {
-                code: program,
-                language: "python".into(),
-                compile_timeout: 10.0,
-                run_timeout: self.exec.timeout_s,
-                stdin: None,
-                files: Default::default(),
-                fetch_files: vec![],
                 memory_limit_mb: Some(self.exec.memory_mb),
+                ..RunCodeRequest::python(program, self.exec.timeout_s)
             };
             let resp = self
                 .post(
@@ -359,10 +357,6 @@ impl Remote {
     pub fn run_script(&self, s: &Script) -> Result<ScriptRun, ScriptError> {
         let timeout = s.timeout_s.unwrap_or(self.exec.timeout_s);
         let req = RunCodeRequest {
-            code: s.code.clone(),
-            language: "python".into(),
-            compile_timeout: 10.0,
-            run_timeout: timeout,
             stdin: Some(s.stdin.clone()),
             files: s
                 .files
@@ -371,6 +365,7 @@ impl Remote {
                 .collect(),
             fetch_files: s.fetch_files.clone(),
             memory_limit_mb: s.memory_mb,
+            ..RunCodeRequest::python(s.code.clone(), timeout)
         };
         let body = serde_json::to_string(&req).map_err(|e| ScriptError::Sandbox(e.to_string()))?;
         let deadline = Duration::from_secs_f64(3.0 * timeout + 40.0);
@@ -380,31 +375,14 @@ impl Remote {
         let resp: RunCodeResponse = serde_json::from_str(&text).map_err(|e| {
             ScriptError::Sandbox(format!("remote sandbox: not a RunCodeResponse ({e})"))
         })?;
-        let Some(run) = resp.run_result else {
-            return Err(ScriptError::Sandbox(format!(
-                "remote sandbox: {} {}",
-                resp.status, resp.message
-            )));
-        };
-        Ok(ScriptRun {
-            status: if run.status == "TimeLimitExceeded" {
-                ScriptStatus::Timeout
-            } else {
-                ScriptStatus::Finished
-            },
-            return_code: run.return_code,
-            stdout: run.stdout.unwrap_or_default(),
-            stderr: run.stderr.unwrap_or_default(),
-            seconds: run.execution_time.unwrap_or(0.0),
-            cpu_seconds: run.cpu_time.unwrap_or(0.0),
-            files: resp.files,
-        })
+        fusion::run_from_response(resp)
+            .map_err(|e| ScriptError::Sandbox(format!("remote sandbox: {e}")))
     }
 }
 
 /// `print('ok')` as a `/run_code` request.
 fn probe_request() -> String {
-    serde_json::json!({"code": "print('ok')", "language": "python", "run_timeout": 10}).to_string()
+    serde_json::to_string(&RunCodeRequest::python("print('ok')".into(), 10.0)).unwrap_or_default()
 }
 
 /// The wait before try `attempt` (1-based): exponential with ±25% jitter.
@@ -421,12 +399,7 @@ fn backoff(attempt: u32) -> Duration {
 
 /// The first characters of a body, on one line.
 fn excerpt(body: &str) -> String {
-    let flat: String = body.split_whitespace().collect::<Vec<_>>().join(" ");
-    match flat.char_indices().nth(300) {
-        None if flat.is_empty() => "(empty body)".into(),
-        None => flat,
-        Some((at, _)) => format!("{}…", &flat[..at]),
-    }
+    crate::text::body_excerpt(body, 300)
 }
 
 #[cfg(test)]

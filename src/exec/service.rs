@@ -20,7 +20,6 @@ use serde_json::json;
 use super::fusion::{self, RunCodeRequest, SubmitRequest};
 use super::http::{self, ReadFailure};
 use super::remote::RunTestsRequest;
-use super::script::Script;
 use super::Sandbox;
 
 /// How long a client may take to send its request.
@@ -376,6 +375,32 @@ fn answer_json(
     );
 }
 
+/// Runs a `/run_code` request (a submission is one too) and counts it;
+/// `Err` is the 400 for a request that cannot run here.
+fn run_fusion(
+    req: RunCodeRequest,
+    sh: &Shared,
+) -> Result<fusion::RunCodeResponse, (u16, serde_json::Value)> {
+    let script = fusion::script_from_request(req, sh.opts.max_run_timeout_s)
+        .map_err(|e| (400, json!({ "detail": e })))?;
+    let run = sh.sandbox.run_script(&script);
+    if let Err(super::ScriptError::BadRequest(e)) = &run {
+        return Err((400, json!({ "detail": e })));
+    }
+    let resp = fusion::response_from_run(run);
+    let outcome = match &resp.run_result {
+        Some(r) if r.status == "TimeLimitExceeded" => "TimeLimitExceeded",
+        _ => resp.status.as_str(),
+    };
+    let secs = resp
+        .run_result
+        .as_ref()
+        .and_then(|r| r.execution_time)
+        .unwrap_or(0.0);
+    sh.metrics.count_run(outcome, secs);
+    Ok(resp)
+}
+
 /// The status and JSON body for a POST to `path`.
 fn answer(path: &str, body: &[u8], sh: &Shared) -> (u16, serde_json::Value) {
     let bad = |what: &str, e: &dyn std::fmt::Display| {
@@ -387,26 +412,10 @@ fn answer(path: &str, body: &[u8], sh: &Shared) -> (u16, serde_json::Value) {
                 Ok(r) => r,
                 Err(e) => return bad("RunCodeRequest", &e),
             };
-            let script = match fusion::script_from_request(req, sh.opts.max_run_timeout_s) {
-                Ok(s) => s,
-                Err(e) => return (400, json!({"detail": e})),
-            };
-            let run = sh.sandbox.run_script(&script);
-            if let Err(super::ScriptError::BadRequest(e)) = &run {
-                return (400, json!({"detail": e}));
+            match run_fusion(req, sh) {
+                Ok(resp) => (200, serde_json::to_value(&resp).unwrap_or_default()),
+                Err(refusal) => refusal,
             }
-            let resp = fusion::response_from_run(run);
-            let outcome = match &resp.run_result {
-                Some(r) if r.status == "TimeLimitExceeded" => "TimeLimitExceeded",
-                _ => resp.status.as_str(),
-            };
-            let secs = resp
-                .run_result
-                .as_ref()
-                .and_then(|r| r.execution_time)
-                .unwrap_or(0.0);
-            sh.metrics.count_run(outcome, secs);
-            (200, serde_json::to_value(&resp).unwrap_or_default())
         }
         "/submit" => {
             let req: SubmitRequest = match serde_json::from_slice(body) {
@@ -419,22 +428,12 @@ fn answer(path: &str, body: &[u8], sh: &Shared) -> (u16, serde_json::Value) {
             };
             let code = fusion::extract_code(&req.completion);
             let full = format!("{code}\n{test}\n");
-            let timeout = req.config.run_timeout.unwrap_or(10.0);
-            if !(timeout > 0.0 && timeout <= sh.opts.max_run_timeout_s) {
-                return (
-                    400,
-                    json!({"detail": format!("run_timeout = {timeout} must be in (0, {}]", sh.opts.max_run_timeout_s)}),
-                );
-            }
-            let run = sh.sandbox.run_script(&Script {
-                code: full.clone(),
-                timeout_s: Some(timeout),
-                clock: Some(crate::config::ExecClock::Wall),
-                ..Script::default()
-            });
-            let resp = fusion::response_from_run(run);
+            let run_timeout = req.config.run_timeout.unwrap_or(10.0);
+            let resp = match run_fusion(RunCodeRequest::python(full.clone(), run_timeout), sh) {
+                Ok(resp) => resp,
+                Err(refusal) => return refusal,
+            };
             let passed = resp.status == "Success";
-            sh.metrics.count_run(&resp.status, 0.0);
             let extracted_type = if code == req.completion {
                 "empty"
             } else {

@@ -234,12 +234,7 @@ fn transport_error(e: ureq::Error) -> String {
 
 /// The first characters of a body, on one line, for error messages.
 fn excerpt(body: &str) -> String {
-    let flat: String = body.split_whitespace().collect::<Vec<_>>().join(" ");
-    match flat.char_indices().nth(BODY_EXCERPT_CHARS) {
-        None if flat.is_empty() => "(empty body)".into(),
-        None => flat,
-        Some((at, _)) => format!("{}…", &flat[..at]),
-    }
+    crate::text::body_excerpt(body, BODY_EXCERPT_CHARS)
 }
 
 #[cfg(test)]
