@@ -139,3 +139,19 @@ pub fn humaneval_jsonl() -> (tempfile::TempDir, PathBuf) {
     ));
     (d, out)
 }
+
+/// A Python task `id` whose `tests` call `f`.
+pub fn task_of(id: &str, tests: &[&str]) -> falcon_rl::task::Task {
+    falcon_rl::task::Task {
+        id: id.into(),
+        prompt: String::new(),
+        entry_point: "f".into(),
+        tests: tests.iter().map(|t| (*t).to_owned()).collect(),
+        kind: falcon_rl::task::TaskKind::Python,
+        canonical_solution: None,
+        docs: None,
+        tags: vec![],
+        test_setup: None,
+        prelude: None,
+    }
+}

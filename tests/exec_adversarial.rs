@@ -13,23 +13,12 @@ use std::time::{Duration, Instant};
 
 use falcon_rl::config::{ExecClock, ExecConfig};
 use falcon_rl::exec::{ErrorKind, ExecReport, RewardClass, Sandbox, TestStatus};
-use falcon_rl::task::{Task, TaskKind};
+use falcon_rl::task::Task;
 
 const ADD: &str = "def f(a, b):\n    return a + b\n";
 
 fn task(tests: &[&str]) -> Task {
-    Task {
-        id: "adversarial".into(),
-        prompt: String::new(),
-        entry_point: "f".into(),
-        tests: tests.iter().map(|s| (*s).to_owned()).collect(),
-        kind: TaskKind::Python,
-        canonical_solution: None,
-        docs: None,
-        tags: vec![],
-        test_setup: None,
-        prelude: None,
-    }
+    crate::common::task_of("adversarial", tests)
 }
 
 fn add_task() -> Task {

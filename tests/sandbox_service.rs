@@ -15,7 +15,7 @@ use falcon_rl::exec::service::{ServeOptions, Service};
 use falcon_rl::exec::{ExecReport, RewardClass, Sandbox, Script, ScriptStatus, TestStatus};
 use falcon_rl::task::{LoadOptions, Task, TaskKind, TaskSet};
 
-use crate::common::{python, root, tmpdir};
+use crate::common::{python, root, task_of, tmpdir};
 
 /// A local pool for a service: the project's Python, generous limits.
 fn pool_cfg(uid_base: u32, workers: usize) -> ExecConfig {
@@ -58,22 +58,6 @@ fn remote(urls: Vec<String>, api: RemoteApi, like: &ExecConfig) -> ExecConfig {
             ..RemoteConfig::default()
         },
         ..like.clone()
-    }
-}
-
-/// A Python task of `tests` against `f`.
-fn task_of(id: &str, tests: &[&str]) -> Task {
-    Task {
-        id: id.into(),
-        prompt: String::new(),
-        entry_point: "f".into(),
-        tests: tests.iter().map(|t| (*t).to_owned()).collect(),
-        kind: TaskKind::Python,
-        canonical_solution: None,
-        docs: None,
-        tags: vec![],
-        test_setup: None,
-        prelude: None,
     }
 }
 
