@@ -9,7 +9,12 @@
 //! deadline kills the child's process group and every process of that uid. In the default (trusted) mode the worker evaluates the
 //! test itself and reaches candidate code only through proxies that return
 //! plain data, so no trick of the candidate can make a test pass (see
-//! `docs/sandbox.md` for the exact guarantee and its limits).
+//! `docs/sandbox.md` for the exact guarantee and its limits). A worker also
+//! runs whole programs as scripts ([`script`]), SandboxFusion's `run_code`.
+//!
+//! With `[exec] backend = "remote"` the same [`Sandbox`] sends samples to
+//! sandbox services instead (the remote backend: `falcon sandbox serve`'s
+//! [`service`] or SandboxFusion servers, whose wire is [`fusion`]).
 //!
 //! Shape follows STYLE.md §10 (mistral.rs `mistralrs-sandbox`): limits are
 //! named constants in `config`, outcomes are enums ([`outcome`]), and the
