@@ -11,11 +11,38 @@
 //!   would silently run on OpenBLAS. Naming libtorch_cpu here puts it first
 //!   (our own link arguments precede our dependencies'): libtorch keeps MKL,
 //!   and FAISS's BLAS calls use the same MKL.
+//! - `src/dist/shim/c10d.cpp`, the C face of libtorch's c10d (TCPStore,
+//!   ProcessGroupGloo), is compiled here against the headers of the libtorch
+//!   torch-sys built against, with its C++ ABI.
 fn main() {
     if let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
         println!("cargo:rustc-link-search=native={lib}");
         println!("cargo:rustc-link-lib=dylib=torch_cpu");
+        build_c10d_shim(std::path::Path::new(&lib));
     }
     println!("cargo:rerun-if-env-changed=LIBTORCH");
+}
+
+fn build_c10d_shim(lib: &std::path::Path) {
+    let shim = "src/dist/shim";
+    println!("cargo:rerun-if-changed={shim}");
+    let torch = lib.parent().expect("libtorch's lib directory has a parent");
+    let include = torch.join("include");
+    // Wheels since torch 2.7 use the C++11 ABI; LIBTORCH_CXX11_ABI says
+    // otherwise, as it does for torch-sys.
+    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+    cc::Build::new()
+        .cpp(true)
+        .pic(true)
+        .warnings(false)
+        .std("c++17")
+        .include(shim)
+        .include(&include)
+        .include(include.join("torch/csrc/api/include"))
+        .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
+        .define("GLOG_USE_GLOG_EXPORT", None)
+        .file(format!("{shim}/c10d.cpp"))
+        .compile("falcon_c10d");
 }

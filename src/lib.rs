@@ -19,6 +19,9 @@ pub mod run_dir;
 // Task formats and loaders.
 pub mod task;
 
+// The process group of a data-parallel run (c10d through a C++ shim).
+pub mod dist;
+
 // Custom CUDA kernels (NVRTC at run time) and their libtorch references.
 pub mod kernels;
 

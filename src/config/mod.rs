@@ -20,6 +20,7 @@
 //! Adding a section: write its struct with a [`Section`] impl in its own file,
 //! then add one line to the `sections!` invocation that defines [`RunConfig`].
 
+mod dist;
 mod eval;
 mod exec;
 mod generation;
@@ -32,6 +33,7 @@ mod strategy;
 mod tasks;
 mod train;
 
+pub use dist::DistConfig;
 pub use eval::EvalConfig;
 pub use exec::*;
 pub use generation::GenerationConfig;
@@ -196,6 +198,8 @@ sections! {
     /// `[strategy]`: how `falcon eval` prompts (zero-shot, FALCON, doc-RAG,
     /// self-repair, MemoCoder, MEMCoder) and each strategy's settings.
     strategy: StrategyConfig,
+    /// `[dist]`: collectives of a data-parallel run (torchrun / Slurm).
+    dist: DistConfig,
 }
 
 impl RunConfig {
