@@ -2,9 +2,11 @@
 //! binary starts copies of itself as the ranks (the `rank_main` entry reads
 //! its role from the environment and does nothing in a normal run).
 
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
+use falcon_rl::config::RunConfig;
 use falcon_rl::dist::{Group, Launch, Reduce};
 use tch::{Kind, Tensor};
 
@@ -180,4 +182,191 @@ fn a_missing_rank_is_a_rendezvous_error_not_a_hang() {
     let text = e.to_string();
     assert!(text.contains("rendezvous with 127.0.0.1"), "{text}");
     assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+}
+
+/// `falcon train` on `cfg` as `world` ranks (plain, without a launcher's
+/// environment, for one), each with `extra` arguments; their outputs.
+fn train_ranks(dir: &Path, cfg: &RunConfig, world: usize, extra: &[&str]) -> Vec<Child> {
+    let path = dir.join(format!("{}-{world}.toml", cfg.run.name));
+    std::fs::write(&path, cfg.to_toml_string().unwrap()).unwrap();
+    let port = free_port();
+    (0..world)
+        .map(|r| {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_falcon"));
+            c.args(["train", "--config", path.to_str().unwrap()])
+                .args(extra)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            if world > 1 {
+                c.env("RANK", r.to_string())
+                    .env("WORLD_SIZE", world.to_string())
+                    .env("LOCAL_RANK", r.to_string())
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", port.to_string());
+            }
+            c.spawn().unwrap()
+        })
+        .collect()
+}
+
+fn finish(children: Vec<Child>) -> Vec<Output> {
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect()
+}
+
+fn succeed(children: Vec<Child>) {
+    let world = children.len();
+    for (r, o) in finish(children).iter().enumerate() {
+        let text = both(o);
+        assert!(o.status.success(), "rank {r} failed:\n{text}");
+        if world > 1 {
+            assert!(text.contains(&format!("rank {r} of {world}")), "{text}");
+        }
+    }
+}
+
+/// The run's config for the equivalence tests: the tiny model and tasks of
+/// tests/train.rs, no LoRA dropout (it draws from each process's own
+/// generator), its own output directory.
+fn dist_config(dir: &Path, out: &str, steps: u64) -> RunConfig {
+    let mut cfg = crate::train::config(dir, steps, 62470);
+    cfg.run.output_dir = dir.join(out);
+    cfg.model.lora.dropout = 0.0;
+    cfg.train.advantage = falcon_rl::config::AdvantageKind::GroupMean;
+    cfg.train.checkpoint_every = 1;
+    cfg.train.keep_last = 0;
+    cfg.dist.timeout_s = 60.0;
+    cfg
+}
+
+fn weights_at(cfg: &RunConfig, step: u64) -> std::collections::BTreeMap<String, Tensor> {
+    let p = cfg
+        .run
+        .run_dir()
+        .join(format!("step-{step}"))
+        .join(falcon_rl::run_dir::checkpoint::WEIGHTS);
+    falcon_rl::model::weights::read_all(&p).unwrap()
+}
+
+/// `metrics.jsonl` without the timings.
+fn metrics_of(cfg: &RunConfig) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(cfg.run.run_dir().join("metrics.jsonl")).unwrap();
+    text.lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().remove("seconds");
+            v
+        })
+        .collect()
+}
+
+/// Numbers within `tol` relative, everything else equal.
+fn close(a: &serde_json::Value, b: &serde_json::Value, tol: f64, at: &str) {
+    use serde_json::Value as V;
+    match (a, b) {
+        (V::Number(x), V::Number(y)) => {
+            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+            assert!(
+                (x - y).abs() <= tol * x.abs().max(y.abs()).max(1e-3),
+                "{at}: {x} vs {y}"
+            );
+        }
+        (V::Object(x), V::Object(y)) => {
+            assert_eq!(
+                x.keys().collect::<Vec<_>>(),
+                y.keys().collect::<Vec<_>>(),
+                "{at}"
+            );
+            for (k, v) in x {
+                close(v, &y[k], tol, &format!("{at}.{k}"));
+            }
+        }
+        (V::Array(x), V::Array(y)) => {
+            assert_eq!(x.len(), y.len(), "{at}");
+            for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                close(p, q, tol, &format!("{at}[{i}]"));
+            }
+        }
+        _ => assert_eq!(a, b, "{at}"),
+    }
+}
+
+/// One rank against two over Gloo, same global batch and seeds: the LoRA
+/// weights after every step and the metrics lines agree.
+fn equivalent(tweak: impl Fn(&mut RunConfig), steps: u64) {
+    // FALCON_KEEP_TEST_DIR=1 keeps both runs for a look.
+    let tmp = crate::common::tmpdir();
+    let (_guard, dir) = if std::env::var_os("FALCON_KEEP_TEST_DIR").is_some() {
+        let d = tmp.keep();
+        println!("test directory: {}", d.display());
+        (None, d)
+    } else {
+        let d = tmp.path().to_path_buf();
+        (Some(tmp), d)
+    };
+    let dir = dir.as_path();
+    crate::train::setup(dir);
+    let mut one = dist_config(dir, "one", steps);
+    let mut two = dist_config(dir, "two", steps);
+    tweak(&mut one);
+    tweak(&mut two);
+    succeed(train_ranks(dir, &one, 1, &[]));
+    succeed(train_ranks(dir, &two, 2, &[]));
+    // Relative to the tensor's norm (an element whose Adam step divides a
+    // gradient of order eps by itself can differ more on its own: the two
+    // runs add the same terms in another order and pad batches differently).
+    for step in 1..=steps {
+        let (a, b) = (weights_at(&one, step), weights_at(&two, step));
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+        let mut worst = 0f64;
+        for (name, x) in &a {
+            let y = &b[name];
+            let rel = (x - y).norm().double_value(&[]) / x.norm().double_value(&[]).max(1e-12);
+            assert!(rel <= 1e-5, "step {step} {name}: ‖Δ‖/‖w‖ = {rel:e}");
+            worst = worst.max(rel);
+        }
+        println!("step {step}: largest ‖Δ‖/‖w‖ over the LoRA tensors {worst:.2e}");
+    }
+    // The steps did train.
+    let (first, last) = (weights_at(&one, 1), weights_at(&one, steps));
+    let moved: f64 = first
+        .iter()
+        .map(|(k, x)| (x - &last[k]).abs().max().double_value(&[]))
+        .fold(0.0, f64::max);
+    assert!(moved > 1e-4, "the weights did not change: {moved}");
+    let (ma, mb) = (metrics_of(&one), metrics_of(&two));
+    assert_eq!(ma.len(), steps as usize);
+    close(
+        &serde_json::Value::Array(ma),
+        &serde_json::Value::Array(mb),
+        1e-5,
+        "metrics",
+    );
+    // Rank 0 alone wrote the samples, all of them.
+    let lines = |c: &RunConfig| {
+        std::fs::read_to_string(c.run.run_dir().join("samples.jsonl"))
+            .unwrap()
+            .lines()
+            .count()
+    };
+    assert_eq!(lines(&one), lines(&two));
+}
+
+#[test]
+fn two_ranks_train_as_one_single_level() {
+    equivalent(|_| {}, 3);
+}
+
+#[test]
+fn two_ranks_train_as_one_fomaml() {
+    equivalent(
+        |c| {
+            c.meta.algorithm = falcon_rl::config::MetaAlgorithm::Fomaml;
+            c.meta.long_term = false;
+            c.meta.short_term_samples = 2;
+        },
+        2,
+    );
 }

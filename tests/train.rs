@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use falcon_rl::config::{Job, RunConfig};
+use falcon_rl::dist::Group;
 use falcon_rl::exec::Sandbox;
 use falcon_rl::model::{hub, Dtype, Policy};
 use falcon_rl::task::{LoadOptions, TaskFormat, TaskSet};
@@ -130,6 +131,7 @@ fn run_with(
             &mut policy,
             &tasks,
             &sandbox,
+            Box::leak(Box::new(Group::single())),
             if resume { Start::Resume } else { Start::New },
             &mut Silent,
         )
@@ -180,6 +182,7 @@ fn smoke_train_changes_only_trainable_weights() {
             &mut policy,
             &tasks,
             &sandbox,
+            Box::leak(Box::new(Group::single())),
             Start::New,
             &mut Silent,
         )
@@ -567,6 +570,7 @@ fn sft_fits_reference_solutions_and_warm_starts_rl() {
         &mut policy,
         &all,
         &sandbox,
+        Box::leak(Box::new(Group::single())),
         Start::Resume,
         &mut Silent,
     )

@@ -166,6 +166,7 @@ impl SamplingArgs {
             chat,
             system: self.system.clone(),
             ignore_eos: self.ignore_eos,
+            row_offset: 0,
         })
     }
 }

@@ -16,7 +16,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::decoder::{distinct_rows, Decoder, DecoderConfig, LogitsFor};
 use super::lora;
-use super::sampling::Sampler;
+use super::sampling::{row_uniform, Sampler};
 use super::tokenizer::{ChatMessage, TextTokenizer};
 use super::{weights, Dtype, LoraConfig, ModelError, TorchKind};
 
@@ -85,6 +85,11 @@ pub struct GenerationParams {
     pub system: Option<String>,
     /// Keep generating past end-of-sequence tokens (fixed-length benchmarks).
     pub ignore_eos: bool,
+    /// With a `seed`, row i of the call draws from the stream of row
+    /// `row_offset + i` ([`super::sampling::row_uniform`]): a shard of a
+    /// larger batch (a data-parallel rank's) passes its first row's index in
+    /// the whole batch and gets exactly the tokens the whole batch would.
+    pub row_offset: u64,
 }
 
 impl Default for GenerationParams {
@@ -97,6 +102,7 @@ impl Default for GenerationParams {
             chat: false,
             system: None,
             ignore_eos: false,
+            row_offset: 0,
         }
     }
 }
@@ -564,7 +570,16 @@ impl Policy {
             // have finished, the batch is compacted to the live ones.
             let mut rows: Vec<usize> = (0..b).collect();
             for step in 0..params.max_new_tokens {
-                let (mut next, lp) = params.sampler.sample(&logits);
+                let (mut next, lp) = match params.seed {
+                    Some(seed) => {
+                        let u: Vec<f64> = rows
+                            .iter()
+                            .map(|&i| row_uniform(seed, params.row_offset + i as u64, step as u64))
+                            .collect();
+                        params.sampler.sample_with(&logits, &Tensor::from_slice(&u))
+                    }
+                    None => params.sampler.sample(&logits),
+                };
                 let next_h = Vec::<i64>::try_from(&next.to_device(Device::Cpu))?;
                 let lp_h = Vec::<f32>::try_from(&lp.to_device(Device::Cpu))?;
                 let mut newly_stopped = Vec::new();

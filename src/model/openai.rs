@@ -346,6 +346,7 @@ mod tests {
             chat: true,
             system: Some("Be terse.".into()),
             ignore_eos: false,
+            row_offset: 0,
         };
         let out = g
             .generate(&["first".into(), "second".into()], &params)
@@ -409,6 +410,7 @@ mod tests {
             },
             seed: None,
             ignore_eos: true,
+            row_offset: 0,
             ..GenerationParams::default()
         };
         let out = g.generate(&["p".into()], &params).unwrap();

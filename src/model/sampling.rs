@@ -1,7 +1,9 @@
 //! Next-token selection on the device: greedy, or temperature sampling with
-//! optional top-k and top-p (nucleus) filtering, drawn with the Gumbel-max
-//! trick from libtorch's seeded generator. Nothing is built on the host per
-//! token; the only host transfer per step is the chosen ids.
+//! optional top-k and top-p (nucleus) filtering, drawn by inverse CDF at one
+//! uniform per row: from a per-row seeded stream ([`row_uniform`]), so a
+//! row's tokens are the same whatever batch (or data-parallel rank) it is
+//! generated in, or from libtorch's generator. Per token the host sends one
+//! number per row and receives the chosen ids.
 //!
 //! The log-probability returned for each chosen token is under the
 //! temperature-scaled, *unfiltered* distribution `log_softmax(logits / T)`
@@ -34,9 +36,21 @@ impl Sampler {
         self.temperature <= 0.0
     }
 
-    /// Pick one token per row of `logits` `[B, V]`; returns `(ids [B] i64,
-    /// logprobs [B] f32)`, both on the logits' device.
+    /// Pick one token per row of `logits` `[B, V]` with uniforms from
+    /// libtorch's generator; see [`Sampler::sample_with`].
     pub fn sample(&self, logits: &Tensor) -> (Tensor, Tensor) {
+        let b = logits.size()[0];
+        let u = Tensor::rand([b], (Kind::Double, logits.device()));
+        self.sample_with(logits, &u)
+    }
+
+    /// Pick one token per row of `logits` `[B, V]`, row i by inverse CDF at
+    /// the uniform `u[i]` in [0, 1) (ignored when greedy); returns `(ids
+    /// [B] i64, logprobs [B] f32)`, both on the logits' device. One uniform
+    /// per row is what lets each row draw from its own seeded stream
+    /// ([`row_uniform`]), so a row's tokens do not depend on which other
+    /// rows share its batch.
+    pub fn sample_with(&self, logits: &Tensor, u: &Tensor) -> (Tensor, Tensor) {
         let logits = logits.to_kind(Kind::Float);
         if self.is_greedy() {
             let ids = logits.argmax(-1, false);
@@ -58,13 +72,40 @@ impl Sampler {
         if self.top_p < 1.0 {
             filtered = nucleus(&filtered, self.top_p);
         }
-        // Gumbel-max: argmax(logp + G) is a draw from softmax(logp).
-        let u = Tensor::rand_like(&filtered).clamp(1e-10, 1.0 - 1e-7);
-        let g = -(-u.log()).log();
-        let ids = (filtered + g).argmax(-1, false);
+        // Inverse CDF over the kept tokens: the first token whose cumulative
+        // mass reaches u × (kept mass). A dropped token adds no mass, so it
+        // is never the first to reach a positive target.
+        let cdf = filtered.exp().cumsum(-1, Kind::Double);
+        let total = cdf.narrow(-1, vocab - 1, 1);
+        let target = u
+            .to_device(cdf.device())
+            .to_kind(Kind::Double)
+            .clamp(1e-12, 1.0 - 1e-12)
+            .unsqueeze(-1)
+            * &total;
+        // ATen's `self` is the values searched for.
+        let ids = target
+            .searchsorted(&cdf, false, false, "left", None::<Tensor>)
+            .squeeze_dim(-1)
+            .clamp_max(vocab - 1);
         let lp = logp.gather(-1, &ids.unsqueeze(-1), false).squeeze_dim(-1);
         (ids, lp)
     }
+}
+
+/// The uniform in [0, 1) that row `row` of the call seeded `seed` draws at
+/// decode position `pos`: a hash of the three, so the stream is a row's own.
+pub fn row_uniform(seed: u64, row: u64, pos: u64) -> f64 {
+    let h = splitmix(splitmix(seed ^ 0x5eed_0f_a11c_0de5) ^ row);
+    let h = splitmix(h ^ pos.wrapping_mul(0x2545_f491_4f6c_dd1d));
+    (h >> 11) as f64 / (1u64 << 53) as f64
+}
+
+fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Candidates a nucleus is first looked for among: a sort of the whole
@@ -195,5 +236,29 @@ mod tests {
         assert!(a.equal(&b), "same seed, same draws");
         let frac = a.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
         assert!((frac - 0.75).abs() < 0.03, "P(token 1) = 0.75, got {frac}");
+    }
+
+    #[test]
+    fn a_rows_draw_depends_on_its_own_uniform_only() {
+        let logits = Tensor::randn([3, 50], (Kind::Float, tch::Device::Cpu));
+        let s = Sampler {
+            temperature: 0.8,
+            top_k: 20,
+            top_p: 0.95,
+        };
+        let u: Vec<f64> = (0..3).map(|r| row_uniform(9, r, 4)).collect();
+        let all = s.sample_with(&logits, &Tensor::from_slice(&u)).0;
+        // Row 2 alone, as another rank's batch would hold it.
+        let alone = s
+            .sample_with(&logits.narrow(0, 2, 1), &Tensor::from_slice(&u[2..]))
+            .0;
+        assert_eq!(all.int64_value(&[2]), alone.int64_value(&[0]));
+        // The streams differ by row and position, and stay in [0, 1).
+        let draws: Vec<f64> = (0..1000).map(|p| row_uniform(1, p % 7, p)).collect();
+        assert!(draws.iter().all(|&x| (0.0..1.0).contains(&x)));
+        let mean = draws.iter().sum::<f64>() / draws.len() as f64;
+        assert!((mean - 0.5).abs() < 0.05, "{mean}");
+        assert_ne!(row_uniform(1, 0, 0), row_uniform(1, 1, 0));
+        assert_ne!(row_uniform(1, 0, 0), row_uniform(1, 0, 1));
     }
 }

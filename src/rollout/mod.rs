@@ -175,6 +175,7 @@ pub fn generation_params(gen: &GenerationConfig, seed: u64) -> GenerationParams 
         chat: true,
         system: None,
         ignore_eos: false,
+        row_offset: 0,
     }
 }
 

@@ -6,7 +6,9 @@ use crate::exec::{ExecReport, RewardClass};
 use crate::reward::{RewardBreakdown, TokenSpan};
 
 /// One batch of generated samples (`group` consecutive ones per prompt) and
-/// what the sandbox and the reward module said about each.
+/// what the sandbox and the reward module said about each. Serialisable:
+/// the ranks of a data-parallel run gather each other's.
+#[derive(serde::Serialize, serde::Deserialize)]
 pub struct Rollout {
     pub group: usize,
     pub comps: Vec<crate::model::Completion>,

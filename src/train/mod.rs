@@ -33,11 +33,13 @@ pub mod metrics;
 pub mod optim;
 mod recipe;
 mod sample;
+mod shard;
 mod state;
 pub mod step;
 mod update;
 
 use crate::config::{ConfigError, Job, MetaAlgorithm, RunConfig};
+use crate::dist::{Group, Launch};
 use crate::eval::EvalResult;
 use crate::exec::Sandbox;
 use crate::fsutil::WriteError;
@@ -75,6 +77,10 @@ pub enum TrainError {
     Reward(#[from] crate::reward::RewardError),
     #[error(transparent)]
     Memory(#[from] crate::memory::MemoryError),
+    /// The process group of a data-parallel run failed (a rank died, timed
+    /// out, or disagrees).
+    #[error(transparent)]
+    Dist(#[from] crate::dist::DistError),
     /// A new run was asked for in a directory that holds one.
     #[error(
         "{} already holds a run ({what}): continue it with --resume, give this run another [run] name, or start it over with --overwrite (which deletes {})",
@@ -221,19 +227,62 @@ pub fn train_tasks(cfg: &RunConfig) -> Result<TaskSet, TrainError> {
     )?)
 }
 
-/// What a training session loads before its state: the training and
-/// held-out tasks, the policy (with the run's fresh LoRA adapters) and the
-/// sandbox.
+/// What a training session loads before its state: the process group (one
+/// process unless torchrun or Slurm started several), the training and
+/// held-out tasks, the policy (with the run's fresh LoRA adapters, on the
+/// device of this rank's `LOCAL_RANK`) and the sandbox.
 pub struct Loaded {
+    pub dist: Group,
     pub tasks: TaskSet,
     pub eval_tasks: Option<TaskSet>,
     pub policy: Policy,
     pub sandbox: Sandbox,
 }
 
+/// `[model] device` for the rank that drives local device `local_rank`:
+/// a bare `cuda` becomes `cuda:<local_rank>`, as torchrun users expect.
+fn rank_device(device: &str, dist: &Group) -> String {
+    if dist.world() > 1 && device == "cuda" {
+        format!("cuda:{}", dist.local_rank())
+    } else {
+        device.to_owned()
+    }
+}
+
+/// `[exec]` for this rank: ranks on one node give their candidates
+/// disjoint uids (each rank's workers above the previous rank's), so one
+/// rank's clean-up never touches another's processes.
+fn rank_exec(exec: &crate::config::ExecConfig, dist: &Group) -> crate::config::ExecConfig {
+    let mut exec = exec.clone();
+    if dist.world() > 1 {
+        let per_rank = if exec.workers == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            exec.workers
+        };
+        exec.uid_base += (dist.local_rank() * per_rank) as u32;
+    }
+    exec
+}
+
 /// Check `cfg` for `job` and load what its run needs (see [`Loaded`]).
 pub fn load(cfg: &RunConfig, job: Job, observer: &mut dyn Observer) -> Result<Loaded, TrainError> {
     cfg.check(job)?;
+    let launch = Launch::from_env()?;
+    let dist = Group::init(
+        &launch,
+        std::time::Duration::from_secs_f64(cfg.dist.timeout_s),
+    )?;
+    if dist.world() > 1 {
+        observer.on_message(&format!(
+            "rank {} of {} (launched by {}, rendezvous at {}:{})",
+            dist.rank(),
+            dist.world(),
+            launch.launcher,
+            launch.master_addr,
+            launch.master_port
+        ));
+    }
     let tasks = train_tasks(cfg)?;
     let t = &cfg.train;
     let eval_tasks = if t.eval_before || t.eval_after || t.eval_every > 0 {
@@ -244,17 +293,22 @@ pub fn load(cfg: &RunConfig, job: Job, observer: &mut dyn Observer) -> Result<Lo
     } else {
         None
     };
-    let opened = crate::model::open(&ModelSpec::of(&cfg.model))?;
+    let device = rank_device(&cfg.model.device, &dist);
+    let opened = crate::model::open(&ModelSpec {
+        device: &device,
+        ..ModelSpec::of(&cfg.model)
+    })?;
     observer.on_message(&opened.describe(cfg.model.dtype));
     let mut policy = opened.policy;
     prepare_policy(cfg, &mut policy)?;
-    let sandbox = Sandbox::new(&cfg.exec)?;
+    let sandbox = Sandbox::new(&rank_exec(&cfg.exec, &dist))?;
     let all: Vec<&crate::task::Task> = tasks
         .iter()
         .chain(eval_tasks.iter().flat_map(|e| e.iter()))
         .collect();
     sandbox.require_modules(&all)?;
     Ok(Loaded {
+        dist,
         tasks,
         eval_tasks,
         policy,
@@ -278,6 +332,7 @@ impl Loaded {
             &mut self.policy,
             &self.tasks,
             &self.sandbox,
+            &self.dist,
             start,
             observer,
         )?;

@@ -9,6 +9,7 @@ use std::time::Instant;
 use super::events::{Observer, StepRecord};
 use super::metrics::{EventWriter, JsonlWriter};
 use super::{step, Recipe, TrainError, TrainState};
+use crate::dist::Reduce;
 use crate::eval::{evaluate, EvalSpec};
 use crate::task::Task;
 
@@ -18,7 +19,14 @@ pub fn run(s: &mut TrainState, observer: &mut dyn Observer) -> Result<Vec<StepRe
     let steps = s.cfg.train.steps;
     // A new event file per session: TensorBoard drops points whose step
     // went backwards, so a resumed run needs no trimming here.
-    let mut events = EventWriter::create(&s.run_dir.tensorboard())?;
+    // Rank 0 alone writes the run's files (metrics, TensorBoard, samples,
+    // checkpoints, evaluations); every rank computes the same records.
+    let main = s.dist.is_main();
+    let mut events = if main {
+        Some(EventWriter::create(&s.run_dir.tensorboard())?)
+    } else {
+        None
+    };
     let t = &s.cfg.train;
     if (t.eval_before || t.eval_after || t.eval_every > 0) && s.eval_tasks.is_none() {
         // Before training, not after the first hour of it.
@@ -32,7 +40,7 @@ pub fn run(s: &mut TrainState, observer: &mut dyn Observer) -> Result<Vec<StepRe
         // A session killed between a checkpoint and its evaluation.
         || (periodic(s.step) && !s.run_dir.eval(s.step).exists())
     {
-        evaluate_into(s, &mut events, observer)?;
+        evaluate_into(s, events.as_mut(), observer)?;
     }
     // The time budget counts training only, not the evaluation before,
     // and carries over resumes: time since the last checkpoint of a killed
@@ -50,8 +58,14 @@ pub fn run(s: &mut TrainState, observer: &mut dyn Observer) -> Result<Vec<StepRe
         ));
     }
     observer.on_start(s.step, steps);
-    let mut metrics = JsonlWriter::open(&s.run_dir.metrics())?;
-    let mut samples_log = JsonlWriter::open(&s.run_dir.samples())?;
+    let (mut metrics, mut samples_log) = if main {
+        (
+            Some(JsonlWriter::open(&s.run_dir.metrics())?),
+            Some(JsonlWriter::open(&s.run_dir.samples())?),
+        )
+    } else {
+        (None, None)
+    };
     let mut out = Vec::new();
     while s.step < steps && !spent(s.train_seconds) {
         let rec = match s.recipe {
@@ -59,28 +73,33 @@ pub fn run(s: &mut TrainState, observer: &mut dyn Observer) -> Result<Vec<StepRe
             Recipe::Meta(_) => step::meta::step(s, &mut samples_log)?,
             Recipe::Sft => step::sft::step(s)?,
         };
-        metrics.write(&rec)?;
-        events.scalars(
-            rec.step as i64,
-            &rec.scalars()
-                .iter()
-                .map(|(k, v)| (k.as_str(), *v as f32))
-                .collect::<Vec<_>>(),
-        )?;
-        events.flush()?;
+        if let (Some(metrics), Some(events)) = (metrics.as_mut(), events.as_mut()) {
+            metrics.write(&rec)?;
+            events.scalars(
+                rec.step as i64,
+                &rec.scalars()
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), *v as f32))
+                    .collect::<Vec<_>>(),
+            )?;
+            events.flush()?;
+        }
         observer.on_step(&rec);
         out.push(rec);
         s.step += 1;
-        s.train_seconds = before + session.elapsed().as_secs_f64() - eval_seconds;
+        // The slowest rank's clock, so every rank stops at the same step.
+        let mut secs = [before + session.elapsed().as_secs_f64() - eval_seconds];
+        s.dist.all_reduce_f64(&mut secs, Reduce::Max)?;
+        s.train_seconds = secs[0];
         let every = s.cfg.train.checkpoint_every;
         let out_of_time = spent(s.train_seconds);
-        if s.step.is_multiple_of(every) || s.step == steps || out_of_time {
+        if main && (s.step.is_multiple_of(every) || s.step == steps || out_of_time) {
             let d = s.save_checkpoint()?;
             observer.on_message(&format!("checkpoint {}", d.display()));
         }
         if periodic(s.step) && !s.run_dir.eval(s.step).exists() {
             let t0 = Instant::now();
-            evaluate_into(s, &mut events, observer)?;
+            evaluate_into(s, events.as_mut(), observer)?;
             eval_seconds += t0.elapsed().as_secs_f64();
         }
         if out_of_time && s.step < steps {
@@ -92,7 +111,7 @@ pub fn run(s: &mut TrainState, observer: &mut dyn Observer) -> Result<Vec<StepRe
         }
     }
     if s.cfg.train.eval_after && !s.run_dir.eval(s.step).exists() {
-        evaluate_into(s, &mut events, observer)?;
+        evaluate_into(s, events.as_mut(), observer)?;
     }
     Ok(out)
 }
@@ -100,7 +119,27 @@ pub fn run(s: &mut TrainState, observer: &mut dyn Observer) -> Result<Vec<StepRe
 /// Evaluate the policy as it is now on `[eval]`'s tasks (set with
 /// [`TrainState::with_eval_tasks`]), write `eval/step-N.json` and the
 /// `eval/*` scalars, and hand the result to the observer.
+/// In a data-parallel run rank 0 evaluates (the others wait for it at a
+/// barrier, within `[dist] timeout_s`); `events` is rank 0's.
 fn evaluate_into(
+    s: &mut TrainState,
+    events: Option<&mut EventWriter>,
+    observer: &mut dyn Observer,
+) -> Result<(), TrainError> {
+    let Some(events) = events else {
+        s.dist.barrier()?;
+        return Ok(());
+    };
+    let done = evaluate_main(s, events, observer);
+    if s.dist.world() > 1 {
+        super::shard::agree(s.dist, done, "the evaluation")?;
+        s.dist.barrier()?;
+        return Ok(());
+    }
+    done
+}
+
+fn evaluate_main(
     s: &mut TrainState,
     events: &mut EventWriter,
     observer: &mut dyn Observer,

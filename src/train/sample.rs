@@ -11,6 +11,7 @@ use super::advantage::advantages;
 use super::batch::Rollout;
 use super::events::StepRecord;
 use super::metrics::JsonlWriter;
+use super::shard;
 use super::state::{mix, TrainState};
 use super::TrainError;
 use crate::exec::{ExecReport, RewardClass};
@@ -56,7 +57,9 @@ impl<'a> TrainState<'a> {
     /// weights included): from the rollout strategy when `[train] strategy`
     /// names one (it writes its own prompts, so `prompts` is unused), else
     /// one batch of `g` samples per prompt (`prompts[i]` belongs to
-    /// `tasks[i]`). Scoring is the sandbox, rewards, group advantages and
+    /// `tasks[i]`). In a data-parallel run each rank generates and runs its
+    /// share of the tasks ([`shard::local`]) and every rank scores the
+    /// gathered whole. Scoring is the sandbox, rewards, group advantages and
     /// fine-grained spans; time goes to `seconds`.
     pub fn sample(
         &mut self,
@@ -66,23 +69,76 @@ impl<'a> TrainState<'a> {
         seed: u64,
         seconds: &mut BTreeMap<String, f64>,
     ) -> Result<Rollout, TrainError> {
+        let share = shard::local(self.dist, tasks.len());
+        self.sample_share(tasks, prompts, g, seed, share, true, seconds)
+    }
+
+    /// [`TrainState::sample`] by this process alone, whatever the ranks
+    /// (a meta-step's per-task query samples, each task on its own rank),
+    /// scored with `P_error` as it is, which these reports do not update:
+    /// the caller observes them ([`TrainState::observe_errors`]) once every
+    /// rank's are in, so no rank's rewards depend on another's timing.
+    pub fn sample_alone(
+        &mut self,
+        tasks: &[&Task],
+        prompts: &[String],
+        g: usize,
+        seed: u64,
+        seconds: &mut BTreeMap<String, f64>,
+    ) -> Result<Rollout, TrainError> {
+        self.sample_share(tasks, prompts, g, seed, 0..tasks.len(), false, seconds)
+    }
+
+    /// Let `P_error` see `reports` (in order).
+    pub fn observe_errors<'r>(&mut self, reports: impl IntoIterator<Item = &'r ExecReport>) {
+        for r in reports {
+            self.error_stats.observe(r);
+        }
+    }
+
+    /// Generate and run the samples of `tasks[share]`, gather the whole
+    /// batch when `share` is a part of it, and score it (`observe`: the
+    /// reports update `P_error` first).
+    #[allow(clippy::too_many_arguments)]
+    fn sample_share(
+        &mut self,
+        tasks: &[&Task],
+        prompts: &[String],
+        g: usize,
+        seed: u64,
+        share: std::ops::Range<usize>,
+        observe: bool,
+        seconds: &mut BTreeMap<String, f64>,
+    ) -> Result<Rollout, TrainError> {
         if let Some(mut r) = self.strategy.take() {
             let solved = self.strategy_rollout(r.as_mut(), tasks, g, seed, seconds);
             self.strategy = Some(r);
             let (comps, attempts) = solved?;
-            let mut ro = self.score(tasks, comps, g, seconds)?;
+            let reports = self.run(tasks, &comps, g, 0, seconds);
+            let mut ro = self.score(tasks, comps, reports, g, observe, seconds)?;
             ro.attempts = attempts;
             return Ok(ro);
         }
-        let expanded: Vec<String> = prompts
+        let expanded: Vec<String> = prompts[share.clone()]
             .iter()
             .flat_map(|p| std::iter::repeat_n(p.clone(), g))
             .collect();
-        let params = generation_params(&self.cfg.generation, seed);
+        let mut params = generation_params(&self.cfg.generation, seed);
+        // Row k of the whole batch draws from its own stream wherever it runs.
+        params.row_offset = (share.start * g) as u64;
         let t0 = Instant::now();
         let comps = self.policy.generate(&expanded, &params)?;
         *seconds.entry("generate".to_owned()).or_insert(0.0) += t0.elapsed().as_secs_f64();
-        self.score(tasks, comps, g, seconds)
+        let reports = self.run(tasks, &comps, g, share.start, seconds);
+        let (comps, reports) = if share.len() == tasks.len() {
+            (comps, reports)
+        } else {
+            let t0 = Instant::now();
+            let both = shard::gather(self.dist, comps.into_iter().zip(reports).collect())?;
+            *seconds.entry("gather".to_owned()).or_insert(0.0) += t0.elapsed().as_secs_f64();
+            both.into_iter().unzip()
+        };
+        self.score(tasks, comps, reports, g, observe, seconds)
     }
 
     /// `g` answers per task from the strategy `r` (its generation, guiding-
@@ -124,33 +180,48 @@ impl<'a> TrainState<'a> {
         Ok((comps, attempts))
     }
 
-    /// Run `comps` (`g` per task, in task order) in the sandbox and score
-    /// them through the reward pipeline: rewards (with the run's `P_error`,
-    /// updated by these reports first), group advantages and fine-grained
-    /// spans.
+    /// Run `comps` (`g` per task, in task order, from task `first` on) in
+    /// the sandbox.
+    fn run(
+        &self,
+        tasks: &[&Task],
+        comps: &[Completion],
+        g: usize,
+        first: usize,
+        seconds: &mut BTreeMap<String, f64>,
+    ) -> Vec<ExecReport> {
+        let t0 = Instant::now();
+        let jobs: Vec<(&Task, &str)> = comps
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (tasks[first + i / g], c.text.as_str()))
+            .collect();
+        let reports = execute(self.sandbox, &jobs);
+        *seconds.entry("exec".to_owned()).or_insert(0.0) += t0.elapsed().as_secs_f64();
+        reports
+    }
+
+    /// Score `comps` (`g` per task, in task order) from their `reports`
+    /// through the reward pipeline: rewards (with the run's `P_error`,
+    /// updated by these reports first when `observe`), group advantages and
+    /// fine-grained spans.
     fn score(
         &mut self,
         tasks: &[&Task],
         comps: Vec<Completion>,
+        reports: Vec<ExecReport>,
         g: usize,
+        observe: bool,
         seconds: &mut BTreeMap<String, f64>,
     ) -> Result<Rollout, TrainError> {
         let mut add = |k: &str, t0: Instant| {
             *seconds.entry(k.to_owned()).or_insert(0.0) += t0.elapsed().as_secs_f64();
         };
+        debug_assert_eq!(comps.len(), tasks.len() * g);
 
         let t0 = Instant::now();
-        let jobs: Vec<(&Task, &str)> = comps
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (tasks[i / g], c.text.as_str()))
-            .collect();
-        let reports: Vec<ExecReport> = execute(self.sandbox, &jobs);
-        add("exec", t0);
-
-        let t0 = Instant::now();
-        for r in &reports {
-            self.error_stats.observe(r);
+        if observe {
+            self.observe_errors(&reports);
         }
         let codes: Vec<&str> = comps
             .iter()
@@ -182,12 +253,16 @@ impl<'a> TrainState<'a> {
 
     /// Every completion of `ro` (whose samples belong to `tasks` in groups)
     /// with its report, rewards and advantage, to `samples.jsonl`.
+    /// Only rank 0 holds a writer.
     pub fn log_samples(
         &self,
-        samples_log: &mut JsonlWriter,
+        samples_log: &mut Option<JsonlWriter>,
         ro: &Rollout,
         tasks: &[&Task],
     ) -> Result<(), TrainError> {
+        let Some(samples_log) = samples_log else {
+            return Ok(());
+        };
         for (i, c) in ro.comps.iter().enumerate() {
             samples_log.write(&serde_json::json!({
                 "step": self.step,

@@ -21,6 +21,7 @@ use super::metrics::truncate_after_step;
 use super::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
 use super::{Recipe, Start, TrainError};
 use crate::config::{Job, OptimizerKind, RunConfig};
+use crate::dist::Group;
 use crate::exec::Sandbox;
 use crate::memory::stats::ErrorStats;
 use crate::memory::ShortTerm;
@@ -154,6 +155,36 @@ pub fn checkpoint_policy(dir: &Path) -> Result<(RunConfig, Policy), TrainError> 
     Ok((cfg, policy))
 }
 
+/// Refuse a new run where one is, delete the old one for `Overwrite`, and
+/// write the resolved config into the (created) run directory.
+fn set_up_run_dir(run_dir: &RunDir, cfg: &RunConfig, start: Start) -> Result<(), TrainError> {
+    match start {
+        Start::New => {
+            if let Some(what) = run_dir.existing_run() {
+                return Err(TrainError::RunExists {
+                    dir: run_dir.path().to_path_buf(),
+                    what,
+                });
+            }
+        }
+        Start::Overwrite => run_dir.remove().map_err(|e| {
+            TrainError::Invalid(format!(
+                "deleting the old run {} (--overwrite): {e}",
+                run_dir.path().display()
+            ))
+        })?,
+        Start::Resume => {}
+    }
+    std::fs::create_dir_all(run_dir.path()).map_err(|e| {
+        TrainError::Invalid(format!(
+            "creating the run directory {}: {e}",
+            run_dir.path().display()
+        ))
+    })?;
+    crate::fsutil::write_atomic(&run_dir.config(), cfg.to_toml_string()?.as_bytes())?;
+    Ok(())
+}
+
 /// A run: its config and recipe, where it writes, what it trains with, and
 /// how far it got. The step functions (`step::rl`, `step::meta`,
 /// `step::sft`) read and advance it; nothing else does.
@@ -164,6 +195,10 @@ pub struct TrainState<'a> {
     pub policy: &'a mut Policy,
     pub tasks: &'a TaskSet,
     pub sandbox: &'a Sandbox,
+    /// The ranks of a data-parallel run (one process: collectives are the
+    /// identity). Every rank holds the same weights and optimizer state;
+    /// rank 0 alone writes the run directory.
+    pub dist: &'a Group,
     pub optimizer: Box<dyn Optimizer>,
     pub schedule: LrSchedule,
     pub rewards: Rewards<'static>,
@@ -199,11 +234,18 @@ impl<'a> TrainState<'a> {
         policy: &'a mut Policy,
         tasks: &'a TaskSet,
         sandbox: &'a Sandbox,
+        dist: &'a Group,
         start: Start,
         observer: &mut dyn Observer,
     ) -> Result<Self, TrainError> {
         cfg.check(job)?;
         let recipe = Recipe::of(&cfg, job)?;
+        // Before anything is written: ranks with different configs would
+        // silently train different things.
+        dist.require_same("configs", cfg.to_toml_string()?.as_bytes())?;
+        if dist.world() > 1 {
+            super::shard::check(&cfg, recipe, dist.world())?;
+        }
         if tasks.is_empty() {
             return Err(TrainError::Invalid("the task set is empty".into()));
         }
@@ -245,30 +287,14 @@ impl<'a> TrainState<'a> {
             ErrorStats::new(cfg.memory.p_error).map_err(|e| TrainError::Invalid(e.to_string()))?;
         let rewards = Rewards::new::<Policy>(&cfg.reward, None)?;
         let run_dir = RunDir::of(&cfg);
-        match start {
-            Start::New => {
-                if let Some(what) = run_dir.existing_run() {
-                    return Err(TrainError::RunExists {
-                        dir: run_dir.path().to_path_buf(),
-                        what,
-                    });
-                }
-            }
-            Start::Overwrite => run_dir.remove().map_err(|e| {
-                TrainError::Invalid(format!(
-                    "deleting the old run {} (--overwrite): {e}",
-                    run_dir.path().display()
-                ))
-            })?,
-            Start::Resume => {}
-        }
-        std::fs::create_dir_all(run_dir.path()).map_err(|e| {
-            TrainError::Invalid(format!(
-                "creating the run directory {}: {e}",
-                run_dir.path().display()
-            ))
-        })?;
-        crate::fsutil::write_atomic(&run_dir.config(), cfg.to_toml_string()?.as_bytes())?;
+        // Rank 0 alone sets up the run directory; the others learn whether
+        // it could.
+        let setup = if dist.is_main() {
+            set_up_run_dir(&run_dir, &cfg, start)
+        } else {
+            Ok(())
+        };
+        super::shard::agree(dist, setup, "setting up the run directory")?;
         let resume = start == Start::Resume;
         let mut me = TrainState {
             cfg,
@@ -277,6 +303,7 @@ impl<'a> TrainState<'a> {
             policy,
             tasks,
             sandbox,
+            dist,
             optimizer,
             schedule,
             rewards,
@@ -287,7 +314,12 @@ impl<'a> TrainState<'a> {
             train_seconds: 0.0,
             eval_tasks: None,
         };
-        for gone in checkpoint::remove_leftovers(me.run_dir.path()) {
+        let leftovers = if me.dist.is_main() {
+            checkpoint::remove_leftovers(me.run_dir.path())
+        } else {
+            Vec::new()
+        };
+        for gone in leftovers {
             observer.on_message(&format!(
                 "removed an interrupted checkpoint write: {}",
                 gone.display()
@@ -312,6 +344,17 @@ impl<'a> TrainState<'a> {
                 None => observer.on_message("no checkpoint to resume from; starting at step 0"),
             }
         }
+        // Every rank must resume the same step (a run directory on a
+        // filesystem that all nodes share).
+        me.dist.require_same(
+            &format!(
+                "checkpoints to resume (this rank found step {}; the run directory {} must be \
+                 on a filesystem every node shares)",
+                me.step,
+                me.run_dir.path().display()
+            ),
+            &me.step.to_le_bytes(),
+        )?;
         if me.step == 0 {
             if let Some(init) = me.cfg.train.init_from.clone() {
                 checkpoint::verify(&init)?;
@@ -355,9 +398,11 @@ impl<'a> TrainState<'a> {
             }
             me.memory = Some(mem);
         }
-        // Lines after the resumed step belong to the lost future.
-        truncate_after_step(&me.run_dir.metrics(), me.step as i64)?;
-        truncate_after_step(&me.run_dir.samples(), me.step as i64)?;
+        if me.dist.is_main() {
+            // Lines after the resumed step belong to the lost future.
+            truncate_after_step(&me.run_dir.metrics(), me.step as i64)?;
+            truncate_after_step(&me.run_dir.samples(), me.step as i64)?;
+        }
         Ok(me)
     }
 

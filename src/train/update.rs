@@ -6,6 +6,7 @@
 //! in one batched pass; and the SFT example format.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use tch::{Device, Kind, Tensor};
 
@@ -13,6 +14,7 @@ use super::losses::{fine_grained_loss, kl_penalty, pg_loss, sl_loss, total_loss,
 use super::optim::{clip_grad_norm, zero_grad, Optimizer};
 use super::{trainable, TrainError};
 use crate::config::{LossWeights, Normalization, TrainConfig};
+use crate::dist::Group;
 use crate::model::autocast::{kind_of, with_autocast};
 use crate::model::{ChatMessage, Policy};
 use crate::reward::TokenSpan;
@@ -292,9 +294,12 @@ fn with_total(l: &Tensor, mut parts: BTreeMap<String, f64>) -> BTreeMap<String, 
 /// losses add up to the one-pass loss; with `kl`, each also carries the
 /// base model's log-probs (the reference: the same weights with every
 /// adapter switched off).
+/// Only `seqs[share]` are cut (a data-parallel rank's part), against the
+/// normalisers of all of `seqs`.
 fn micro_batches(
     policy: &mut Policy,
     seqs: &[UpdateSeq],
+    share: Range<usize>,
     size: usize,
     norm: Normalization,
     kl: bool,
@@ -302,9 +307,10 @@ fn micro_batches(
 ) -> Result<Vec<MicroBatch>, TrainError> {
     let all: Vec<&UpdateSeq> = seqs.iter().collect();
     let whole = normalisers(&all, norm);
-    let size = if size == 0 { all.len() } else { size }.max(1);
+    let mine = &all[share];
+    let size = if size == 0 { mine.len() } else { size }.max(1);
     let mut out = Vec::new();
-    for chunk in all.chunks(size) {
+    for chunk in mine.chunks(size) {
         let mut mb = micro_batch(chunk, policy.device(), shared_prefix);
         mb.share = normalisers(chunk, norm)
             .iter()
@@ -338,7 +344,8 @@ pub(super) fn seqs_loss(
     piece: &mut dyn FnMut(Tensor) -> Result<(), TrainError>,
 ) -> Result<BTreeMap<String, f64>, TrainError> {
     let mut sum: BTreeMap<String, f64> = BTreeMap::new();
-    for mb in micro_batches(policy, seqs, size, norm, w.kl > 0.0, shared_prefix)? {
+    let all = 0..seqs.len();
+    for mb in micro_batches(policy, seqs, all, size, norm, w.kl > 0.0, shared_prefix)? {
         let logp = batch_logprobs(policy, &mb, true)?;
         let old = logp.detach();
         let (l, parts) = mb_loss(&mb, &logp, old, None, norm, w)?;
@@ -376,7 +383,8 @@ pub(super) fn seqs_loss_batched(
     }
     let mut per_task = Vec::with_capacity(tasks.len());
     for seqs in tasks {
-        per_task.push(micro_batches(policy, seqs, size, norm, w.kl > 0.0, false)?);
+        let all = 0..seqs.len();
+        per_task.push(micro_batches(policy, seqs, all, size, norm, w.kl > 0.0, false)?);
     }
     let mut sums: Vec<BTreeMap<String, f64>> = vec![BTreeMap::new(); tasks.len()];
     let rounds = per_task.iter().map(Vec::len).max().unwrap_or(0);
@@ -441,8 +449,12 @@ pub(super) fn seqs_loss_batched(
 /// steps, each accumulating the gradients of the batch's micro-batches.
 /// Every term is scaled by its micro-batch's share of the whole batch's
 /// normaliser, so the accumulated loss and gradient equal those of the
-/// batch in one pass. Returns the first epoch's loss terms (the
-/// on-policy values) and gradient norm.
+/// batch in one pass. In a data-parallel run each rank back-propagates
+/// `seqs[share]` and the gradients are summed over the ranks before
+/// clipping, so every rank takes the one-process step. Returns the first
+/// epoch's loss terms (the on-policy values, summed over the ranks) and
+/// gradient norm.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn update(
     policy: &mut Policy,
     optimizer: &mut dyn Optimizer,
@@ -450,13 +462,17 @@ pub(super) fn update(
     seqs: &[UpdateSeq],
     lr: f64,
     w: &LossWeights,
+    dist: &Group,
+    bucket_bytes: usize,
 ) -> Result<(BTreeMap<String, f64>, f64), TrainError> {
+    let share = seq_share(dist, seqs.len(), t.group_size);
     // Forward passes only: backward replays the dtypes they recorded.
     let (dev, ac) = (policy.device(), kind_of(t.autocast));
     let mut micro = with_autocast(dev, ac, || {
         micro_batches(
             policy,
             seqs,
+            share,
             t.micro_batch,
             t.normalization,
             w.kl > 0.0,
@@ -478,13 +494,30 @@ pub(super) fn update(
                 total.backward();
             }
         }
+        if dist.world() > 1 {
+            let ps: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
+            dist.all_reduce_grads(&ps, bucket_bytes, false)?;
+        }
         let grad_norm = clip_grad_norm(&params, t.grad_clip);
         // A step whose gradient is not finite is skipped, not applied.
         if grad_norm.is_finite() {
             optimizer.step(&params, lr)?;
         }
         zero_grad(&params);
-        first.get_or_insert((loss, grad_norm));
+        if first.is_none() {
+            first = Some((super::shard::sum_terms(dist, loss)?, grad_norm));
+        }
     }
     Ok(first.expect("ppo_epochs >= 1"))
+}
+
+/// This rank's sequences of a batch of `n` in groups of `g`: whole groups,
+/// the tasks [`super::shard::local`] gives it.
+fn seq_share(dist: &Group, n: usize, g: usize) -> Range<usize> {
+    let g = g.max(1);
+    let tasks = super::shard::local(dist, n / g);
+    if dist.world() == 1 {
+        return 0..n;
+    }
+    tasks.start * g..tasks.end * g
 }

@@ -26,6 +26,7 @@ use crate::train::maml::{
 use crate::train::memories::{demonstrations, OwnedSeq};
 use crate::train::metrics::JsonlWriter;
 use crate::train::optim::{clip_grad_norm, zero_grad};
+use crate::train::shard;
 use crate::train::state::mix;
 use crate::train::update::{add_terms, seqs_loss, seqs_loss_batched, UpdateSeq};
 use crate::train::{trainable, TrainError, TrainState};
@@ -79,6 +80,21 @@ fn inner_extra(
     Ok(extra)
 }
 
+/// Line 9's extra rows for every task of the step, in task order: every
+/// rank draws them all, so the short-term buffer's draws (and its random
+/// stream) are the same whichever rank adapts a task.
+fn all_extras(
+    s: &mut TrainState,
+    tasks: &[&Task],
+    hits: &[Vec<Retrieved>],
+) -> Result<Vec<Vec<OwnedSeq>>, TrainError> {
+    let mut out = Vec::with_capacity(tasks.len());
+    for (i, task) in tasks.iter().enumerate() {
+        out.push(inner_extra(s, task, &hits[i])?);
+    }
+    Ok(out)
+}
+
 /// A task's inner mini-batch: its own samples, then `extra`.
 fn inner_batch<'a>(own: &[UpdateSeq<'a>], extra: &'a [OwnedSeq]) -> Vec<UpdateSeq<'a>> {
     let mut batch = own.to_vec();
@@ -103,8 +119,9 @@ fn loss_of<'a>(seqs: &'a [UpdateSeq<'a>], t: &'a TrainConfig) -> impl PieceLoss 
 }
 
 /// Line 12: `q` samples of `task` (from `seed`) with its fast weights
-/// swapped in; the seconds they took are added to `outside` (they are not
-/// the update's).
+/// swapped in, by this rank alone and scored with `P_error` as θ's samples
+/// left it (the step observes every task's afterwards); the seconds they
+/// took are added to `outside` (they are not the update's).
 fn sample_at(
     s: &mut TrainState,
     fast: &Weights,
@@ -120,7 +137,7 @@ fn sample_at(
         .map(|(n, x)| (n.clone(), x.shallow_clone()))
         .collect();
     s.policy.swap_adapters(&mut slot)?;
-    let qr = s.sample(&[task], prompts, q, seed, seconds);
+    let qr = s.sample_alone(&[task], prompts, q, seed, seconds);
     s.policy.swap_adapters(&mut slot)?;
     *outside += seconds.values().sum::<f64>() - before;
     qr
@@ -128,7 +145,10 @@ fn sample_at(
 
 /// One meta-step of Algorithm 1 over the step's task batch; its samples
 /// (θ's and each θ_i's) go to `samples_log`.
-pub fn step(s: &mut TrainState, samples_log: &mut JsonlWriter) -> Result<StepRecord, TrainError> {
+pub fn step(
+    s: &mut TrainState,
+    samples_log: &mut Option<JsonlWriter>,
+) -> Result<StepRecord, TrainError> {
     let t = s.cfg.train.clone();
     let m = s.cfg.meta.clone();
     let seed = s.step_seed();
@@ -155,23 +175,22 @@ pub fn step(s: &mut TrainState, samples_log: &mut JsonlWriter) -> Result<StepRec
     let mut queries: Vec<Rollout> = Vec::with_capacity(tasks.len());
     let support_seqs = support.seqs();
     let mut outside = 0.0;
+    // This rank's tasks (all of them on one process).
+    let local = shard::local(s.dist, tasks.len());
     if m.batch_tasks && m.inner_steps > 0 && m.algorithm != MetaAlgorithm::Reptile {
         // Line 9 for every task first: what short-term memory and the
         // demonstrations give a task does not depend on other tasks'
         // adaptations, so the draws are the loop's own.
-        let mut extras: Vec<Vec<OwnedSeq>> = Vec::with_capacity(tasks.len());
-        for (i, task) in tasks.iter().enumerate() {
-            extras.push(inner_extra(s, task, &hits[i])?);
-        }
-        let batches: Vec<Vec<UpdateSeq>> = extras
-            .iter()
-            .enumerate()
-            .map(|(i, extra)| inner_batch(&support_seqs[i * g..(i + 1) * g], extra))
+        let extras = all_extras(s, &tasks, &hits)?;
+        let batches: Vec<Vec<UpdateSeq>> = local
+            .clone()
+            .map(|i| inner_batch(&support_seqs[i * g..(i + 1) * g], &extras[i]))
             .collect();
-        let inner_loss_of = |i: usize| loss_of(&batches[i], &t);
+        let inner_loss_of = |i: usize| loss_of(&batches[i - local.start], &t);
         // Lines 10–12 per task: adapt, then sample with θ_i.
-        let mut ads: Vec<Adapted> = Vec::with_capacity(tasks.len());
-        for (i, task) in tasks.iter().enumerate() {
+        let mut ads: Vec<Adapted> = Vec::with_capacity(local.len());
+        for i in local.clone() {
+            let task = tasks[i];
             let ad = adapt(s.policy, &theta, &inner, inner_loss_of(i))?;
             inner_first += ad.losses.first().copied().unwrap_or(0.0) / tasks.len() as f64;
             let seed_i = mix(seed, i as u64 + 1);
@@ -202,14 +221,14 @@ pub fn step(s: &mut TrainState, samples_log: &mut JsonlWriter) -> Result<StepRec
                 sink,
             )
         })?;
-        for (i, v) in vs.into_iter().enumerate() {
+        for (k, v) in vs.into_iter().enumerate() {
             carry_back(
                 s.policy,
                 &theta,
-                &ads[i],
+                &ads[k],
                 &inner,
                 second_order,
-                inner_loss_of(i),
+                inner_loss_of(local.start + k),
                 v,
             )?;
         }
@@ -217,11 +236,12 @@ pub fn step(s: &mut TrainState, samples_log: &mut JsonlWriter) -> Result<StepRec
             add_terms(&mut loss, p);
         }
     } else {
-        for (i, task) in tasks.iter().enumerate() {
-            // Line 9: the task's own samples, short-term rows, and passing
-            // neighbours from long-term memory.
-            let extra = inner_extra(s, task, &hits[i])?;
-            let batch = inner_batch(&support_seqs[i * g..(i + 1) * g], &extra);
+        // Line 9: the task's own samples, short-term rows, and passing
+        // neighbours from long-term memory.
+        let extras = all_extras(s, &tasks, &hits)?;
+        for i in local.clone() {
+            let task = tasks[i];
+            let batch = inner_batch(&support_seqs[i * g..(i + 1) * g], &extras[i]);
             let inner_loss = loss_of(&batch, &t);
             if m.inner_steps == 0 {
                 // No adaptation (θ_i = θ): FALCON's memories and rewards in
@@ -283,11 +303,29 @@ pub fn step(s: &mut TrainState, samples_log: &mut JsonlWriter) -> Result<StepRec
     if m.inner_steps > 0 {
         loss.insert("inner".into(), inner_first);
     }
+    // The ranks' tasks together: the loss terms and gradients add up to the
+    // one-process step's; every rank then holds every task's query samples.
+    let loss = shard::sum_terms(s.dist, loss)?;
+    let queries = if s.dist.world() > 1 {
+        shard::gather(s.dist, queries)?
+    } else {
+        queries
+    };
+    // Line 12's outcomes join `P_error` now, in task order (each task's
+    // query rewards used it as the support samples left it).
+    for qr in &queries {
+        s.observe_errors(&qr.reports);
+    }
     let lr = s.schedule.lr_at(s.step);
     let grad_norm = if m.algorithm == MetaAlgorithm::Reptile {
         reptile_update(&theta, &adapted, m.reptile_eps)?;
         0.0
     } else {
+        if s.dist.world() > 1 {
+            let ps: Vec<Tensor> = theta.iter().map(|(_, p)| p.shallow_clone()).collect();
+            let bucket = (s.cfg.dist.bucket_mb * (1 << 20) as f64) as usize;
+            s.dist.all_reduce_grads(&ps, bucket, false)?;
+        }
         let n = clip_grad_norm(&theta, t.grad_clip);
         if n.is_finite() {
             s.optimizer.step(&theta, lr)?;

@@ -13,7 +13,10 @@ use crate::train::update::update;
 use crate::train::{TrainError, TrainState};
 
 /// One single-level step; its samples go to `samples_log`.
-pub fn step(s: &mut TrainState, samples_log: &mut JsonlWriter) -> Result<StepRecord, TrainError> {
+pub fn step(
+    s: &mut TrainState,
+    samples_log: &mut Option<JsonlWriter>,
+) -> Result<StepRecord, TrainError> {
     let t = s.cfg.train.clone();
     let seed = s.step_seed();
     // Dropout and anything else on libtorch's global generator.
@@ -28,7 +31,17 @@ pub fn step(s: &mut TrainState, samples_log: &mut JsonlWriter) -> Result<StepRec
 
     let t0 = Instant::now();
     let lr = s.schedule.lr_at(s.step);
-    let (loss, grad_norm) = update(s.policy, s.optimizer.as_mut(), &t, &ro.seqs(), lr, &t.loss)?;
+    let bucket = (s.cfg.dist.bucket_mb * (1 << 20) as f64) as usize;
+    let (loss, grad_norm) = update(
+        s.policy,
+        s.optimizer.as_mut(),
+        &t,
+        &ro.seqs(),
+        lr,
+        &t.loss,
+        s.dist,
+        bucket,
+    )?;
     seconds.insert("update".to_owned(), t0.elapsed().as_secs_f64());
     s.log_samples(samples_log, &ro, &tasks)?;
     Ok(s.record(lr, loss, grad_norm, &[&ro], seconds))

@@ -46,7 +46,17 @@ pub fn step(s: &mut TrainState) -> Result<StepRecord, TrainError> {
         })
         .collect();
     let lr = s.schedule.lr_at(s.step);
-    let (loss, grad_norm) = update(s.policy, s.optimizer.as_mut(), &t, &seqs, lr, &SFT_LOSS)?;
+    let bucket = (s.cfg.dist.bucket_mb * (1 << 20) as f64) as usize;
+    let (loss, grad_norm) = update(
+        s.policy,
+        s.optimizer.as_mut(),
+        &t,
+        &seqs,
+        lr,
+        &SFT_LOSS,
+        s.dist,
+        bucket,
+    )?;
     let mut seconds = BTreeMap::new();
     seconds.insert("update".to_owned(), t0.elapsed().as_secs_f64());
     Ok(StepRecord {
