@@ -370,3 +370,118 @@ fn two_ranks_train_as_one_fomaml() {
         2,
     );
 }
+
+#[test]
+fn a_killed_rank_stops_the_others_and_resume_finishes_the_run() {
+    let tmp = crate::common::tmpdir();
+    let dir = tmp.path();
+    crate::train::setup(dir);
+    let mut cfg = dist_config(dir, "runs-fault", 6);
+    cfg.dist.timeout_s = 20.0;
+    let mut children = train_ranks(dir, &cfg, 2, &[]);
+    let first = cfg.run.run_dir().join("step-1");
+    let t0 = Instant::now();
+    while !first.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(180), "no checkpoint came");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    children[1].kill().unwrap(); // SIGKILL
+    let killed = Instant::now();
+    let outs = finish(children);
+    let text = both(&outs[0]);
+    assert!(!outs[0].status.success(), "rank 0 went on alone:\n{text}");
+    assert!(text.contains("failed on rank 0 of 2"), "{text}");
+    // Never a hang: within the timeout (and the step it was in).
+    assert!(killed.elapsed() < Duration::from_secs(60), "{:?}", killed.elapsed());
+    succeed(train_ranks(dir, &cfg, 2, &["--resume"]));
+    let steps: Vec<u64> = metrics_of(&cfg)
+        .iter()
+        .map(|m| m["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, (0..6).collect::<Vec<_>>());
+}
+
+#[test]
+fn ranks_with_different_configs_are_refused_at_start() {
+    let tmp = crate::common::tmpdir();
+    let dir = tmp.path();
+    crate::train::setup(dir);
+    let cfg = dist_config(dir, "runs-mismatch", 1);
+    let mut other = cfg.clone();
+    other.train.lr *= 2.0;
+    let port = free_port();
+    let children: Vec<Child> = [&cfg, &other]
+        .iter()
+        .enumerate()
+        .map(|(r, c)| {
+            let path = dir.join(format!("rank{r}.toml"));
+            std::fs::write(&path, c.to_toml_string().unwrap()).unwrap();
+            Command::new(env!("CARGO_BIN_EXE_falcon"))
+                .args(["train", "--config", path.to_str().unwrap()])
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (r, o) in finish(children).iter().enumerate() {
+        let text = both(o);
+        assert!(!o.status.success(), "rank {r} trained:\n{text}");
+        assert!(text.contains("different configs"), "rank {r}:\n{text}");
+    }
+    assert!(!cfg.run.run_dir().join("step-1").exists());
+}
+
+#[test]
+fn torchrun_and_slurm_launch_the_trainer() {
+    let tmp = crate::common::tmpdir();
+    let dir = tmp.path();
+    crate::train::setup(dir);
+    // torchrun from the libtorch virtualenv, as a user would type it.
+    let cfg = dist_config(dir, "runs-torchrun", 2);
+    let path = dir.join("torchrun.toml");
+    std::fs::write(&path, cfg.to_toml_string().unwrap()).unwrap();
+    let torchrun = crate::common::python().with_file_name("torchrun");
+    let o = Command::new(&torchrun)
+        .args(["--no-python", "--nproc-per-node", "2", "--master-port"])
+        .arg(free_port().to_string())
+        .arg(env!("CARGO_BIN_EXE_falcon"))
+        .args(["train", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = both(&o);
+    assert!(o.status.success(), "{text}");
+    assert!(text.contains("rank 1 of 2 (launched by torchrun"), "{text}");
+    assert_eq!(metrics_of(&cfg).len(), 2);
+    // Slurm's variables (srun sets them; no Slurm here), master from the
+    // step's node list.
+    let cfg = dist_config(dir, "runs-slurm", 1);
+    let path = dir.join("slurm.toml");
+    std::fs::write(&path, cfg.to_toml_string().unwrap()).unwrap();
+    let port = free_port();
+    let children: Vec<Child> = (0..2)
+        .map(|r| {
+            Command::new(env!("CARGO_BIN_EXE_falcon"))
+                .args(["train", "--config", path.to_str().unwrap()])
+                .env("SLURM_PROCID", r.to_string())
+                .env("SLURM_NTASKS", "2")
+                .env("SLURM_LOCALID", r.to_string())
+                .env("SLURM_STEP_NODELIST", "localhost")
+                .env("MASTER_PORT", port.to_string())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (r, o) in finish(children).iter().enumerate() {
+        let text = both(o);
+        assert!(o.status.success(), "rank {r}:\n{text}");
+        assert!(text.contains("launched by slurm, rendezvous at localhost"), "{text}");
+    }
+    assert_eq!(metrics_of(&cfg).len(), 1);
+}

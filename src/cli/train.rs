@@ -52,11 +52,23 @@ pub fn train_error(e: TrainError) -> anyhow::Error {
 /// Train (or resume) the run `cfg` describes, as `falcon train`, `falcon
 /// sft` and each variant of `falcon ablate` do.
 pub fn train(cfg: &RunConfig, job: Job, start: Start) -> Result<()> {
-    let mut progress = TrainProgress { bar: None };
+    // In a data-parallel run rank 0 reports; the others say only what
+    // concerns them (messages, tagged with their rank), as torchrun users
+    // expect.
+    let rank = falcon_rl::dist::Launch::from_env().map_or(0, |l| l.rank);
+    let mut progress = TrainProgress { bar: None, rank };
     let t0 = Instant::now();
     let outcome = falcon_rl::train::train(cfg, job, start, &mut progress).map_err(train_error)?;
     if let Some(b) = &progress.bar {
         b.finish_and_clear();
+    }
+    if rank > 0 {
+        eprintln!(
+            "falcon[rank {rank}]: {} steps in {:.1}s; rank 0 wrote the run",
+            outcome.records.len(),
+            t0.elapsed().as_secs_f64()
+        );
+        return Ok(());
     }
     let d = &outcome.run_dir;
     eprintln!(
@@ -124,15 +136,17 @@ pub fn before_after_line(b: &EvalResult, a: &EvalResult) -> String {
     )
 }
 
-/// Progress for `falcon train`: a bar on a terminal, plain lines otherwise.
+/// Progress for `falcon train`: a bar on a terminal, plain lines otherwise;
+/// messages only on a data-parallel rank other than 0.
 struct TrainProgress {
     bar: Option<indicatif::ProgressBar>,
+    rank: usize,
 }
 
 impl Observer for TrainProgress {
     fn on_start(&mut self, first: u64, steps: u64) {
         use std::io::IsTerminal;
-        if std::io::stderr().is_terminal() {
+        if self.rank == 0 && std::io::stderr().is_terminal() {
             let bar = indicatif::ProgressBar::new(steps).with_style(
                 indicatif::ProgressStyle::with_template(
                     "step {pos}/{len} {bar:30} {msg} eta {eta}",
@@ -145,6 +159,9 @@ impl Observer for TrainProgress {
     }
 
     fn on_step(&mut self, r: &StepRecord) {
+        if self.rank > 0 {
+            return;
+        }
         let secs: f64 = r.seconds.values().sum();
         let msg = step_line(r);
         match &self.bar {
@@ -180,6 +197,7 @@ impl Observer for TrainProgress {
     fn on_message(&mut self, m: &str) {
         match &self.bar {
             Some(b) => b.println(format!("falcon: {m}")),
+            None if self.rank > 0 => eprintln!("falcon[rank {}]: {m}", self.rank),
             None => eprintln!("falcon: {m}"),
         }
     }
