@@ -363,9 +363,12 @@ fn two_ranks_train_as_one_single_level() {
 fn two_ranks_train_as_one_fomaml() {
     equivalent(
         |c| {
+            // FALCON as the main job runs it: Table 7 prompts from
+            // long-term memory, demonstrations, short-term rows.
             c.meta.algorithm = falcon_rl::config::MetaAlgorithm::Fomaml;
-            c.meta.long_term = false;
+            c.meta.long_term = true;
             c.meta.short_term_samples = 2;
+            c.meta.long_term_demos = 1;
         },
         2,
     );

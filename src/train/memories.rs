@@ -35,10 +35,17 @@ fn memory_error(e: MemoryError) -> TrainError {
 }
 
 impl MetaMemory {
-    /// Open the memories of `run_dir`, forgetting long-term rows of steps
-    /// after `step` (an interrupted future that a resume repeats).
-    pub fn open(cfg: &RunConfig, run_dir: &Path, step: u64) -> Result<Self, TrainError> {
-        let device = crate::model::device::device_of(cfg);
+    /// Open the memories whose store is in `dir` (the run directory, or a
+    /// data-parallel rank's private copy of its store) on `device`,
+    /// forgetting long-term rows of steps after `step` (an interrupted
+    /// future that a resume repeats).
+    pub fn open(
+        cfg: &RunConfig,
+        dir: &Path,
+        step: u64,
+        device: tch::Device,
+    ) -> Result<Self, TrainError> {
+        let run_dir = dir;
         let short_term = ShortTerm::new(
             cfg.memory.short_term_capacity,
             cfg.memory.short_term_max_len,

@@ -36,15 +36,7 @@ pub(super) fn check(cfg: &RunConfig, recipe: Recipe, world: usize) -> Result<(),
     }
     match recipe {
         Recipe::Rl => {}
-        Recipe::Meta(MetaAlgorithm::Fomaml) | Recipe::Meta(MetaAlgorithm::Maml) => {
-            if cfg.meta.long_term {
-                return refuse(
-                    "[meta] long_term: the long-term memory's store is one SQLite file \
-                     that rank 0 writes; data-parallel meta-RL runs with long_term = false"
-                        .into(),
-                );
-            }
-        }
+        Recipe::Meta(MetaAlgorithm::Fomaml) | Recipe::Meta(MetaAlgorithm::Maml) => {}
         Recipe::Meta(a) => {
             return refuse(format!(
                 "[meta] algorithm = \"{}\" is not data-parallel yet (maml and fomaml are)",

@@ -215,6 +215,46 @@ pub struct TrainState<'a> {
     pub train_seconds: f64,
     /// `[eval]`'s tasks, for the held-out evaluations.
     pub eval_tasks: Option<&'a TaskSet>,
+    /// A data-parallel rank's private directory (its copy of the memory
+    /// store), removed with the state.
+    scratch: Option<PathBuf>,
+}
+
+impl Drop for TrainState<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = self.scratch.take() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// A fresh private directory for rank `rank`'s copy of the memory store.
+fn rank_scratch(rank: usize) -> Result<PathBuf, TrainError> {
+    let d = std::env::temp_dir().join(format!("falcon-rank{rank}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d)
+        .map_err(|e| TrainError::Invalid(format!("creating {}: {e}", d.display())))?;
+    Ok(d)
+}
+
+/// Copy the run's memory database (and its SQLite journal files, which a
+/// killed session leaves) into `to`; nothing when the run has none yet.
+fn copy_store(run_dir: &RunDir, to: &Path) -> Result<(), TrainError> {
+    let db = run_dir.memory_db();
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let from = PathBuf::from(format!("{}{suffix}", db.display()));
+        if from.is_file() {
+            let name = from.file_name().expect("a file name");
+            std::fs::copy(&from, to.join(name)).map_err(|e| {
+                TrainError::Invalid(format!(
+                    "copying {} for this rank: {e} (the run directory must be on a filesystem \
+                     every node shares)",
+                    from.display()
+                ))
+            })?;
+        }
+    }
+    Ok(())
 }
 
 impl<'a> TrainState<'a> {
@@ -313,6 +353,7 @@ impl<'a> TrainState<'a> {
             step: 0,
             train_seconds: 0.0,
             eval_tasks: None,
+            scratch: None,
         };
         let leftovers = if me.dist.is_main() {
             checkpoint::remove_leftovers(me.run_dir.path())
@@ -379,7 +420,20 @@ impl<'a> TrainState<'a> {
                 .map_err(|e| TrainError::Invalid(format!("{}: {e}", path.display())))?;
         }
         if let Recipe::Meta(_) = me.recipe {
-            let mut mem = MetaMemory::open(&me.cfg, me.run_dir.path(), me.step)?;
+            // Rank 0 keeps the run's store; every other rank a private
+            // copy taken before rank 0 opens (and may write) it, which then
+            // receives the same inserts (every rank inserts every task's
+            // samples, gathered).
+            let dir = if me.dist.is_main() {
+                me.run_dir.path().to_path_buf()
+            } else {
+                let d = rank_scratch(me.dist.rank())?;
+                copy_store(&me.run_dir, &d)?;
+                me.scratch = Some(d.clone());
+                d
+            };
+            me.dist.barrier()?;
+            let mut mem = MetaMemory::open(&me.cfg, &dir, me.step, me.policy.device())?;
             match &resumed_from {
                 Some(dir) => {
                     mem.short_term =
