@@ -31,7 +31,9 @@ fn main() {
         match a.as_str() {
             "--repeats" => repeats = val("--repeats").parse().expect("a count"),
             "--bucket-mb" => bucket_mb = val("--bucket-mb").parse().expect("MiB"),
-            "--max-param-elements" => max_param = val("--max-param-elements").parse().expect("a count"),
+            "--max-param-elements" => {
+                max_param = val("--max-param-elements").parse().expect("a count")
+            }
             s => sizes.push(s.parse::<f64>().expect("a number of elements") as usize),
         }
     }
@@ -70,7 +72,8 @@ fn main() {
                 let mut off = 0i64;
                 while off < n as i64 {
                     let len = step.min(n as i64 - off);
-                    g.all_reduce(&[flat.narrow(0, off, len)], Reduce::Sum).unwrap();
+                    g.all_reduce(&[flat.narrow(0, off, len)], Reduce::Sum)
+                        .unwrap();
                     off += len;
                 }
                 times.push(t0.elapsed().as_secs_f64());

@@ -81,7 +81,8 @@ fn rank_main() {
             assert_eq!(floats(&a), vec![sum, 10.0 * sum]);
             assert_eq!(floats(&b), vec![(0..g.world()).sum::<usize>() as f64]);
             let m = Tensor::from_slice(&[r]);
-            g.all_reduce(std::slice::from_ref(&m), Reduce::Mean).unwrap();
+            g.all_reduce(std::slice::from_ref(&m), Reduce::Mean)
+                .unwrap();
             assert_eq!(floats(&m), vec![(w - 1.0) / 2.0]);
             let mut xs = [r, -r];
             g.all_reduce_f64(&mut xs, Reduce::Max).unwrap();
@@ -97,10 +98,15 @@ fn rank_main() {
             assert_eq!(floats(&x), vec![1.0, 1.0]);
             // Gradients in several buckets and two dtypes, one parameter
             // without a gradient on rank 0.
-            let params: Vec<Tensor> = [(3, Kind::Float), (5, Kind::Float), (4, Kind::Double), (2, Kind::Float)]
-                .iter()
-                .map(|&(n, k)| Tensor::zeros([n], (k, tch::Device::Cpu)).set_requires_grad(true))
-                .collect();
+            let params: Vec<Tensor> = [
+                (3, Kind::Float),
+                (5, Kind::Float),
+                (4, Kind::Double),
+                (2, Kind::Float),
+            ]
+            .iter()
+            .map(|&(n, k)| Tensor::zeros([n], (k, tch::Device::Cpu)).set_requires_grad(true))
+            .collect();
             for (i, p) in params.iter().enumerate() {
                 if i == 3 && g.rank() == 0 {
                     continue;
@@ -385,7 +391,10 @@ fn a_killed_rank_stops_the_others_and_resume_finishes_the_run() {
     let first = cfg.run.run_dir().join("step-1");
     let t0 = Instant::now();
     while !first.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(180), "no checkpoint came");
+        assert!(
+            t0.elapsed() < Duration::from_secs(180),
+            "no checkpoint came"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     children[1].kill().unwrap(); // SIGKILL
@@ -395,7 +404,11 @@ fn a_killed_rank_stops_the_others_and_resume_finishes_the_run() {
     assert!(!outs[0].status.success(), "rank 0 went on alone:\n{text}");
     assert!(text.contains("failed on rank 0 of 2"), "{text}");
     // Never a hang: within the timeout (and the step it was in).
-    assert!(killed.elapsed() < Duration::from_secs(60), "{:?}", killed.elapsed());
+    assert!(
+        killed.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        killed.elapsed()
+    );
     succeed(train_ranks(dir, &cfg, 2, &["--resume"]));
     let steps: Vec<u64> = metrics_of(&cfg)
         .iter()
@@ -484,7 +497,10 @@ fn torchrun_and_slurm_launch_the_trainer() {
     for (r, o) in finish(children).iter().enumerate() {
         let text = both(o);
         assert!(o.status.success(), "rank {r}:\n{text}");
-        assert!(text.contains("launched by slurm, rendezvous at localhost"), "{text}");
+        assert!(
+            text.contains("launched by slurm, rendezvous at localhost"),
+            "{text}"
+        );
     }
     assert_eq!(metrics_of(&cfg).len(), 1);
 }

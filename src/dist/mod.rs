@@ -174,7 +174,11 @@ pub fn first_host(list: &str) -> Result<String, DistError> {
     let bad = || DistError::Env(format!("cannot read the Slurm node list {list:?}"));
     let first = list.trim();
     let (prefix, rest) = match first.find(['[', ',']) {
-        None => return (!first.is_empty()).then(|| first.to_owned()).ok_or_else(bad),
+        None => {
+            return (!first.is_empty())
+                .then(|| first.to_owned())
+                .ok_or_else(bad)
+        }
         Some(i) => first.split_at(i),
     };
     if prefix.is_empty() {
@@ -534,10 +538,7 @@ impl Group {
 
     fn gather_host(&self, input: &Tensor, outputs: &[Tensor]) -> Result<(), DistError> {
         let Some(g) = &self.gloo else { return Ok(()) };
-        let ptrs: Vec<*mut c_void> = outputs
-            .iter()
-            .map(|t| t.as_ptr() as *mut c_void)
-            .collect();
+        let ptrs: Vec<*mut c_void> = outputs.iter().map(|t| t.as_ptr() as *mut c_void).collect();
         let mut err = vec![0u8; ERR_LEN];
         let rc = unsafe {
             ffi::falcon_c10d_allgather(
@@ -562,14 +563,18 @@ impl Group {
         }
         let w = self.world();
         let len = Tensor::from_slice(&[bytes.len() as i64]);
-        let lens: Vec<Tensor> = (0..w).map(|_| Tensor::zeros([1], (Kind::Int64, Device::Cpu))).collect();
+        let lens: Vec<Tensor> = (0..w)
+            .map(|_| Tensor::zeros([1], (Kind::Int64, Device::Cpu)))
+            .collect();
         self.gather_host(&len, &lens)?;
         let lens: Vec<usize> = lens.iter().map(|t| t.int64_value(&[0]) as usize).collect();
         let max = lens.iter().copied().max().unwrap_or(0).max(1);
         let mut padded = bytes.to_vec();
         padded.resize(max, 0);
         let input = Tensor::from_slice(&padded);
-        let outs: Vec<Tensor> = (0..w).map(|_| Tensor::zeros([max as i64], (Kind::Uint8, Device::Cpu))).collect();
+        let outs: Vec<Tensor> = (0..w)
+            .map(|_| Tensor::zeros([max as i64], (Kind::Uint8, Device::Cpu)))
+            .collect();
         self.gather_host(&input, &outs)?;
         Ok(outs
             .iter()
@@ -688,7 +693,8 @@ mod tests {
     fn one_process_collectives_are_the_identity() {
         let g = Group::single();
         let t = Tensor::from_slice(&[1.0f32, 2.0]);
-        g.all_reduce(std::slice::from_ref(&t), Reduce::Mean).unwrap();
+        g.all_reduce(std::slice::from_ref(&t), Reduce::Mean)
+            .unwrap();
         assert_eq!(Vec::<f32>::try_from(&t).unwrap(), vec![1.0, 2.0]);
         assert_eq!(g.all_gather_bytes(b"x").unwrap(), vec![b"x".to_vec()]);
         g.barrier().unwrap();

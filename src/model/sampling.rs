@@ -96,7 +96,7 @@ impl Sampler {
 /// The uniform in [0, 1) that row `row` of the call seeded `seed` draws at
 /// decode position `pos`: a hash of the three, so the stream is a row's own.
 pub fn row_uniform(seed: u64, row: u64, pos: u64) -> f64 {
-    let h = splitmix(splitmix(seed ^ 0x5eed_0f_a11c_0de5) ^ row);
+    let h = splitmix(splitmix(seed ^ 0x005e_ed0f_a11c_0de5) ^ row);
     let h = splitmix(h ^ pos.wrapping_mul(0x2545_f491_4f6c_dd1d));
     (h >> 11) as f64 / (1u64 << 53) as f64
 }

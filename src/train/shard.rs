@@ -94,7 +94,11 @@ pub(super) fn sum_terms(
 /// Go on only if every rank's `result` is Ok: a rank that failed returns
 /// its own error, the others one naming it (so no rank waits for a
 /// collective that a failed rank will never join).
-pub(super) fn agree(dist: &Group, result: Result<(), TrainError>, what: &str) -> Result<(), TrainError> {
+pub(super) fn agree(
+    dist: &Group,
+    result: Result<(), TrainError>,
+    what: &str,
+) -> Result<(), TrainError> {
     let ok = [result.is_ok() as u8];
     let all = dist.all_gather_bytes(&ok)?;
     result?;

@@ -384,7 +384,15 @@ pub(super) fn seqs_loss_batched(
     let mut per_task = Vec::with_capacity(tasks.len());
     for seqs in tasks {
         let all = 0..seqs.len();
-        per_task.push(micro_batches(policy, seqs, all, size, norm, w.kl > 0.0, false)?);
+        per_task.push(micro_batches(
+            policy,
+            seqs,
+            all,
+            size,
+            norm,
+            w.kl > 0.0,
+            false,
+        )?);
     }
     let mut sums: Vec<BTreeMap<String, f64>> = vec![BTreeMap::new(); tasks.len()];
     let rounds = per_task.iter().map(Vec::len).max().unwrap_or(0);
