@@ -84,9 +84,12 @@ pub(super) fn sum_terms(
     dist: &Group,
     mine: BTreeMap<String, f64>,
 ) -> Result<BTreeMap<String, f64>, TrainError> {
-    let mut sum = BTreeMap::new();
-    for part in gather(dist, vec![mine])? {
-        super::update::add_terms(&mut sum, part);
+    if dist.world() == 1 {
+        return Ok(mine);
+    }
+    let mut sum: BTreeMap<String, f64> = BTreeMap::new();
+    for (k, v) in gather(dist, vec![mine])?.into_iter().flatten() {
+        *sum.entry(k).or_insert(0.0) += v;
     }
     Ok(sum)
 }
