@@ -274,6 +274,8 @@ pub fn load(cfg: &RunConfig, job: Job, observer: &mut dyn Observer) -> Result<Lo
         std::time::Duration::from_secs_f64(cfg.dist.timeout_s),
     )?;
     if dist.world() > 1 {
+        // Before the model loads: what cannot run data-parallel says so now.
+        shard::check(cfg, Recipe::of(cfg, job)?, dist.world())?;
         observer.on_message(&format!(
             "rank {} of {} (launched by {}, rendezvous at {}:{})",
             dist.rank(),
