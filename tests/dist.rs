@@ -468,8 +468,13 @@ fn torchrun_and_slurm_launch_the_trainer() {
     let tmp = crate::common::tmpdir();
     let dir = tmp.path();
     crate::train::setup(dir);
-    // torchrun from the libtorch virtualenv, as a user would type it.
-    let cfg = dist_config(dir, "runs-torchrun", 2);
+    // torchrun from the libtorch virtualenv, as a user would type it, with
+    // held-out evaluations (rank 0 evaluates, the other waits for it).
+    let mut cfg = dist_config(dir, "runs-torchrun", 2);
+    cfg.eval.path = Some(dir.join("tasks.jsonl"));
+    cfg.train.eval_before = true;
+    cfg.train.eval_every = 1;
+    cfg.train.eval_after = true;
     let path = dir.join("torchrun.toml");
     std::fs::write(&path, cfg.to_toml_string().unwrap()).unwrap();
     let torchrun = crate::common::python().with_file_name("torchrun");
@@ -484,6 +489,14 @@ fn torchrun_and_slurm_launch_the_trainer() {
     assert!(o.status.success(), "{text}");
     assert!(text.contains("rank 1 of 2 (launched by torchrun"), "{text}");
     assert_eq!(metrics_of(&cfg).len(), 2);
+    for step in 0..=2 {
+        let e = cfg
+            .run
+            .run_dir()
+            .join("eval")
+            .join(format!("step-{step}.json"));
+        assert!(e.is_file(), "{} missing:\n{text}", e.display());
+    }
     // Slurm's variables (srun sets them; no Slurm here), master from the
     // step's node list.
     let cfg = dist_config(dir, "runs-slurm", 1);

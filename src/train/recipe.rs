@@ -36,10 +36,10 @@ pub fn run(s: &mut TrainState, observer: &mut dyn Observer) -> Result<Vec<StepRe
     }
     let eval_every = s.cfg.train.eval_every;
     let periodic = |step: u64| eval_every > 0 && step > 0 && step.is_multiple_of(eval_every);
-    if (s.cfg.train.eval_before && s.step == 0)
+    let before_due = (s.cfg.train.eval_before && s.step == 0)
         // A session killed between a checkpoint and its evaluation.
-        || (periodic(s.step) && !s.run_dir.eval(s.step).exists())
-    {
+        || (periodic(s.step) && !s.run_dir.eval(s.step).exists());
+    if rank0_says(s, before_due)? {
         evaluate_into(s, events.as_mut(), observer)?;
     }
     // The time budget counts training only, not the evaluation before,
@@ -97,7 +97,7 @@ pub fn run(s: &mut TrainState, observer: &mut dyn Observer) -> Result<Vec<StepRe
             let d = s.save_checkpoint()?;
             observer.on_message(&format!("checkpoint {}", d.display()));
         }
-        if periodic(s.step) && !s.run_dir.eval(s.step).exists() {
+        if rank0_says(s, periodic(s.step) && !s.run_dir.eval(s.step).exists())? {
             let t0 = Instant::now();
             evaluate_into(s, events.as_mut(), observer)?;
             eval_seconds += t0.elapsed().as_secs_f64();
@@ -110,7 +110,10 @@ pub fn run(s: &mut TrainState, observer: &mut dyn Observer) -> Result<Vec<StepRe
             break;
         }
     }
-    if s.cfg.train.eval_after && !s.run_dir.eval(s.step).exists() {
+    if rank0_says(
+        s,
+        s.cfg.train.eval_after && !s.run_dir.eval(s.step).exists(),
+    )? {
         evaluate_into(s, events.as_mut(), observer)?;
     }
     Ok(out)
@@ -119,24 +122,31 @@ pub fn run(s: &mut TrainState, observer: &mut dyn Observer) -> Result<Vec<StepRe
 /// Evaluate the policy as it is now on `[eval]`'s tasks (set with
 /// [`TrainState::with_eval_tasks`]), write `eval/step-N.json` and the
 /// `eval/*` scalars, and hand the result to the observer.
-/// In a data-parallel run rank 0 evaluates (the others wait for it at a
-/// barrier, within `[dist] timeout_s`); `events` is rank 0's.
+/// Rank 0's `answer`, on every rank: whether an evaluation is due reads
+/// rank 0's run directory, which the others may see late (or not at all),
+/// and every rank must take the same branch to meet at its barrier.
+fn rank0_says(s: &TrainState, answer: bool) -> Result<bool, TrainError> {
+    if s.dist.world() == 1 {
+        return Ok(answer);
+    }
+    let all = s.dist.all_gather_bytes(&[answer as u8])?;
+    Ok(all[0].first() == Some(&1))
+}
+
+/// In a data-parallel run rank 0 evaluates (the others wait for it, within
+/// `[dist] timeout_s`); `events` is rank 0's.
 fn evaluate_into(
     s: &mut TrainState,
     events: Option<&mut EventWriter>,
     observer: &mut dyn Observer,
 ) -> Result<(), TrainError> {
-    let Some(events) = events else {
-        s.dist.barrier()?;
-        return Ok(());
+    let done = match events {
+        Some(events) => evaluate_main(s, events, observer),
+        None => Ok(()),
     };
-    let done = evaluate_main(s, events, observer);
-    if s.dist.world() > 1 {
-        super::shard::agree(s.dist, done, "the evaluation")?;
-        s.dist.barrier()?;
-        return Ok(());
-    }
-    done
+    // One collective on every rank: the others wait here for rank 0, and
+    // learn whether its evaluation failed.
+    super::shard::agree(s.dist, done, "the evaluation")
 }
 
 fn evaluate_main(
