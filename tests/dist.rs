@@ -93,9 +93,13 @@ fn rank_main() {
             for (k, v) in all.iter().enumerate() {
                 assert_eq!(v, &vec![k as u8; k * 3]);
             }
+            // Two tensors of different shapes and dtypes in one call.
             let x = Tensor::from_slice(&[r, r]);
-            g.broadcast(std::slice::from_ref(&x), 1).unwrap();
+            let y = Tensor::from_slice(&[r as f32 + 5.0]);
+            g.broadcast(&[x.shallow_clone(), y.shallow_clone()], 1)
+                .unwrap();
             assert_eq!(floats(&x), vec![1.0, 1.0]);
+            assert_eq!(floats(&y), vec![6.0]);
             // Gradients in several buckets and two dtypes, one parameter
             // without a gradient on rank 0.
             let params: Vec<Tensor> = [

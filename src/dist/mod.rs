@@ -216,16 +216,14 @@ mod ffi {
         pub fn falcon_c10d_free(g: *mut c_void);
         pub fn falcon_c10d_allreduce(
             g: *mut c_void,
-            ts: *const *mut c_void,
-            n: usize,
+            t: *mut c_void,
             op: c_int,
             err: *mut c_char,
             errlen: usize,
         ) -> c_int;
         pub fn falcon_c10d_broadcast(
             g: *mut c_void,
-            ts: *const *mut c_void,
-            n: usize,
+            t: *mut c_void,
             root: c_int,
             err: *mut c_char,
             errlen: usize,
@@ -363,53 +361,43 @@ impl Group {
         self.launch.rank == 0
     }
 
-    pub fn launch(&self) -> &Launch {
-        &self.launch
-    }
-
-    fn fail(&self, op: &'static str, err: &[u8]) -> DistError {
-        DistError::Collective {
-            op,
-            rank: self.rank(),
-            world: self.world(),
-            timeout_s: self.timeout.as_secs_f64(),
-            msg: message(err),
-        }
-    }
-
-    /// Reduce CPU tensors in place across the ranks, one collective each
-    /// (c10d's tensor list means one tensor on several local devices).
-    fn reduce_host(&self, ts: &[Tensor], op: Reduce) -> Result<(), DistError> {
-        for t in ts {
-            self.reduce_one(t, op)?;
+    /// Run one shim call (`call(group, err, errlen)`, nonzero on failure)
+    /// and turn its C++ exception text into the error of `op`. Nothing to
+    /// do for one process.
+    fn collective(
+        &self,
+        op: &'static str,
+        call: impl FnOnce(*mut c_void, *mut c_char, usize) -> c_int,
+    ) -> Result<(), DistError> {
+        let Some(g) = &self.gloo else { return Ok(()) };
+        let mut err = vec![0u8; ERR_LEN];
+        if call(g.0, err.as_mut_ptr().cast(), err.len()) != 0 {
+            return Err(DistError::Collective {
+                op,
+                rank: self.rank(),
+                world: self.world(),
+                timeout_s: self.timeout.as_secs_f64(),
+                msg: message(&err),
+            });
         }
         Ok(())
     }
 
-    fn reduce_one(&self, t: &Tensor, op: Reduce) -> Result<(), DistError> {
-        let Some(g) = &self.gloo else { return Ok(()) };
-        let ptrs = [t.as_ptr() as *mut c_void];
+    /// Reduce CPU tensors in place across the ranks, one collective each.
+    fn reduce_host(&self, ts: &[Tensor], op: Reduce) -> Result<(), DistError> {
         let code = match op {
             Reduce::Sum | Reduce::Mean => 0,
             Reduce::Max => 1,
             Reduce::Min => 2,
         };
-        let mut err = vec![0u8; ERR_LEN];
-        let rc = unsafe {
-            ffi::falcon_c10d_allreduce(
-                g.0,
-                ptrs.as_ptr(),
-                ptrs.len(),
-                code,
-                err.as_mut_ptr().cast(),
-                err.len(),
-            )
-        };
-        if rc != 0 {
-            return Err(self.fail("all_reduce", &err));
-        }
-        if op == Reduce::Mean {
-            let _ = t.shallow_clone().divide_scalar_(self.world() as f64);
+        for t in ts {
+            let ptr = t.as_ptr() as *mut c_void;
+            self.collective("all_reduce", |g, err, len| unsafe {
+                ffi::falcon_c10d_allreduce(g, ptr, code, err, len)
+            })?;
+            if op == Reduce::Mean {
+                let _ = t.shallow_clone().divide_scalar_(self.world() as f64);
+            }
         }
         Ok(())
     }
@@ -507,53 +495,31 @@ impl Group {
         Ok(())
     }
 
-    /// Overwrite `ts` on every rank with rank `root`'s values.
+    /// Overwrite `ts` on every rank with rank `root`'s values (one
+    /// collective each).
     pub fn broadcast(&self, ts: &[Tensor], root: usize) -> Result<(), DistError> {
-        let Some(g) = &self.gloo else { return Ok(()) };
-        let host: Vec<Tensor> = ts.iter().map(|t| t.to_device(Device::Cpu)).collect();
-        let ptrs: Vec<*mut c_void> = host.iter().map(|t| t.as_ptr() as *mut c_void).collect();
-        let mut err = vec![0u8; ERR_LEN];
-        let rc = unsafe {
-            ffi::falcon_c10d_broadcast(
-                g.0,
-                ptrs.as_ptr(),
-                ptrs.len(),
-                root as c_int,
-                err.as_mut_ptr().cast(),
-                err.len(),
-            )
-        };
-        if rc != 0 {
-            return Err(self.fail("broadcast", &err));
+        if self.gloo.is_none() {
+            return Ok(());
         }
-        tch::no_grad(|| {
-            for (t, h) in ts.iter().zip(&host) {
-                if t.device() != Device::Cpu || t.data_ptr() != h.data_ptr() {
-                    t.shallow_clone().copy_(h);
-                }
+        for t in ts {
+            let host = t.to_device(Device::Cpu);
+            let ptr = host.as_ptr() as *mut c_void;
+            self.collective("broadcast", |g, err, len| unsafe {
+                ffi::falcon_c10d_broadcast(g, ptr, root as c_int, err, len)
+            })?;
+            if t.device() != Device::Cpu {
+                tch::no_grad(|| t.shallow_clone().copy_(&host));
             }
-        });
+        }
         Ok(())
     }
 
     fn gather_host(&self, input: &Tensor, outputs: &[Tensor]) -> Result<(), DistError> {
-        let Some(g) = &self.gloo else { return Ok(()) };
         let ptrs: Vec<*mut c_void> = outputs.iter().map(|t| t.as_ptr() as *mut c_void).collect();
-        let mut err = vec![0u8; ERR_LEN];
-        let rc = unsafe {
-            ffi::falcon_c10d_allgather(
-                g.0,
-                input.as_ptr() as *mut c_void,
-                ptrs.as_ptr(),
-                ptrs.len(),
-                err.as_mut_ptr().cast(),
-                err.len(),
-            )
-        };
-        if rc != 0 {
-            return Err(self.fail("all_gather", &err));
-        }
-        Ok(())
+        let input = input.as_ptr() as *mut c_void;
+        self.collective("all_gather", |g, err, len| unsafe {
+            ffi::falcon_c10d_allgather(g, input, ptrs.as_ptr(), ptrs.len(), err, len)
+        })
     }
 
     /// Every rank's `bytes`, in rank order (lengths may differ).
@@ -588,13 +554,9 @@ impl Group {
 
     /// Wait until every rank gets here.
     pub fn barrier(&self) -> Result<(), DistError> {
-        let Some(g) = &self.gloo else { return Ok(()) };
-        let mut err = vec![0u8; ERR_LEN];
-        let rc = unsafe { ffi::falcon_c10d_barrier(g.0, err.as_mut_ptr().cast(), err.len()) };
-        if rc != 0 {
-            return Err(self.fail("barrier", &err));
-        }
-        Ok(())
+        self.collective("barrier", |g, err, len| unsafe {
+            ffi::falcon_c10d_barrier(g, err, len)
+        })
     }
 
     /// Refuse to go on unless every rank holds the same `value` (a config's

@@ -115,12 +115,14 @@ void falcon_c10d_free(void* g) {
   delete static_cast<Group*>(g);
 }
 
+// One tensor per call: c10d's tensor list means one tensor replicated on
+// several local devices, not a batch of different tensors.
 // op: 0 sum, 1 max, 2 min (Gloo has no average; src/dist divides).
 int falcon_c10d_allreduce(
-    void* g, torch::Tensor** ts, size_t n, int op, char* err, size_t errlen) {
+    void* g, torch::Tensor* t, int op, char* err, size_t errlen) {
   return guarded(err, errlen, [&] {
     auto& group = *static_cast<Group*>(g);
-    auto tensors = tensors_of(ts, n);
+    std::vector<at::Tensor> tensors{*t};
     c10d::AllreduceOptions opts;
     opts.reduceOp = op == 1 ? c10d::ReduceOp::MAX
         : op == 2           ? c10d::ReduceOp::MIN
@@ -131,10 +133,10 @@ int falcon_c10d_allreduce(
 }
 
 int falcon_c10d_broadcast(
-    void* g, torch::Tensor** ts, size_t n, int root, char* err, size_t errlen) {
+    void* g, torch::Tensor* t, int root, char* err, size_t errlen) {
   return guarded(err, errlen, [&] {
     auto& group = *static_cast<Group*>(g);
-    auto tensors = tensors_of(ts, n);
+    std::vector<at::Tensor> tensors{*t};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
     opts.timeout = group.timeout;
