@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use falcon_rl::config::RunConfig;
 use falcon_rl::dist::{Group, Launch, Reduce};
+use falcon_rl::run_dir::RunDir;
 use tch::{Kind, Tensor};
 
 /// A port nobody listens on right now.
@@ -197,26 +198,45 @@ fn a_missing_rank_is_a_rendezvous_error_not_a_hang() {
 /// `falcon train` on `cfg` as `world` ranks (plain, without a launcher's
 /// environment, for one), each with `extra` arguments; their outputs.
 fn train_ranks(dir: &Path, cfg: &RunConfig, world: usize, extra: &[&str]) -> Vec<Child> {
-    let path = dir.join(format!("{}-{world}.toml", cfg.run.name));
-    std::fs::write(&path, cfg.to_toml_string().unwrap()).unwrap();
-    let port = free_port();
+    let path = write_config(dir, cfg, &format!("{}-{world}", cfg.run.name));
+    let port = free_port().to_string();
     (0..world)
         .map(|r| {
-            let mut c = Command::new(env!("CARGO_BIN_EXE_falcon"));
-            c.args(["train", "--config", path.to_str().unwrap()])
-                .args(extra)
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped());
-            if world > 1 {
-                c.env("RANK", r.to_string())
-                    .env("WORLD_SIZE", world.to_string())
-                    .env("LOCAL_RANK", r.to_string())
-                    .env("MASTER_ADDR", "127.0.0.1")
-                    .env("MASTER_PORT", port.to_string());
-            }
-            c.spawn().unwrap()
+            let (r, w) = (r.to_string(), world.to_string());
+            let env: &[(&str, &str)] = if world > 1 {
+                &[
+                    ("RANK", &r),
+                    ("WORLD_SIZE", &w),
+                    ("LOCAL_RANK", &r),
+                    ("MASTER_ADDR", "127.0.0.1"),
+                    ("MASTER_PORT", &port),
+                ]
+            } else {
+                &[]
+            };
+            falcon_train(&path, extra, env)
         })
         .collect()
+}
+
+/// `cfg` written to `dir/<name>.toml`.
+fn write_config(dir: &Path, cfg: &RunConfig, name: &str) -> std::path::PathBuf {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, cfg.to_toml_string().unwrap()).unwrap();
+    path
+}
+
+/// `falcon train --config config EXTRA` started with `env` added, its
+/// output captured.
+fn falcon_train(config: &Path, extra: &[&str], env: &[(&str, &str)]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_falcon"))
+        .args(["train", "--config", config.to_str().unwrap()])
+        .args(extra)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 fn finish(children: Vec<Child>) -> Vec<Output> {
@@ -252,17 +272,15 @@ fn dist_config(dir: &Path, out: &str, steps: u64) -> RunConfig {
 }
 
 fn weights_at(cfg: &RunConfig, step: u64) -> std::collections::BTreeMap<String, Tensor> {
-    let p = cfg
-        .run
-        .run_dir()
-        .join(format!("step-{step}"))
+    let p = RunDir::of(cfg)
+        .checkpoint(step)
         .join(falcon_rl::run_dir::checkpoint::WEIGHTS);
     falcon_rl::model::weights::read_all(&p).unwrap()
 }
 
 /// `metrics.jsonl` without the timings.
 fn metrics_of(cfg: &RunConfig) -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(cfg.run.run_dir().join("metrics.jsonl")).unwrap();
+    let text = std::fs::read_to_string(RunDir::of(cfg).metrics()).unwrap();
     text.lines()
         .map(|l| {
             let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
@@ -356,7 +374,7 @@ fn equivalent(tweak: impl Fn(&mut RunConfig), steps: u64) {
     );
     // Rank 0 alone wrote the samples, all of them.
     let lines = |c: &RunConfig| {
-        std::fs::read_to_string(c.run.run_dir().join("samples.jsonl"))
+        std::fs::read_to_string(RunDir::of(c).samples())
             .unwrap()
             .lines()
             .count()
@@ -364,7 +382,7 @@ fn equivalent(tweak: impl Fn(&mut RunConfig), steps: u64) {
     assert_eq!(lines(&one), lines(&two));
     // A checkpoint does not depend on the world size: the 2-rank run, its
     // last step lost, resumes on one process and ends where it did.
-    let last = two.run.run_dir().join(format!("step-{steps}"));
+    let last = RunDir::of(&two).checkpoint(steps);
     let kept = weights_at(&two, steps);
     std::fs::remove_dir_all(&last).unwrap();
     succeed(train_ranks(dir, &two, 1, &["--resume"]));
@@ -403,7 +421,7 @@ fn a_killed_rank_stops_the_others_and_resume_finishes_the_run() {
     let mut cfg = dist_config(dir, "runs-fault", 6);
     cfg.dist.timeout_s = 20.0;
     let mut children = train_ranks(dir, &cfg, 2, &[]);
-    let first = cfg.run.run_dir().join("step-1");
+    let first = RunDir::of(&cfg).checkpoint(1);
     let t0 = Instant::now();
     while !first.exists() {
         assert!(
@@ -440,23 +458,20 @@ fn ranks_with_different_configs_are_refused_at_start() {
     let cfg = dist_config(dir, "runs-mismatch", 1);
     let mut other = cfg.clone();
     other.train.lr *= 2.0;
-    let port = free_port();
+    let port = free_port().to_string();
     let children: Vec<Child> = [&cfg, &other]
         .iter()
         .enumerate()
         .map(|(r, c)| {
-            let path = dir.join(format!("rank{r}.toml"));
-            std::fs::write(&path, c.to_toml_string().unwrap()).unwrap();
-            Command::new(env!("CARGO_BIN_EXE_falcon"))
-                .args(["train", "--config", path.to_str().unwrap()])
-                .env("RANK", r.to_string())
-                .env("WORLD_SIZE", "2")
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
+            let path = write_config(dir, c, &format!("rank{r}"));
+            let env = [
+                ("RANK", r.to_string()),
+                ("WORLD_SIZE", "2".into()),
+                ("MASTER_ADDR", "127.0.0.1".into()),
+                ("MASTER_PORT", port.clone()),
+            ];
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            falcon_train(&path, &[], &env)
         })
         .collect();
     for (r, o) in finish(children).iter().enumerate() {
@@ -464,7 +479,7 @@ fn ranks_with_different_configs_are_refused_at_start() {
         assert!(!o.status.success(), "rank {r} trained:\n{text}");
         assert!(text.contains("different configs"), "rank {r}:\n{text}");
     }
-    assert!(!cfg.run.run_dir().join("step-1").exists());
+    assert!(!RunDir::of(&cfg).checkpoint(1).exists());
 }
 
 #[test]
@@ -479,8 +494,7 @@ fn torchrun_and_slurm_launch_the_trainer() {
     cfg.train.eval_before = true;
     cfg.train.eval_every = 1;
     cfg.train.eval_after = true;
-    let path = dir.join("torchrun.toml");
-    std::fs::write(&path, cfg.to_toml_string().unwrap()).unwrap();
+    let path = write_config(dir, &cfg, "torchrun");
     let torchrun = crate::common::python().with_file_name("torchrun");
     let o = Command::new(&torchrun)
         .args(["--no-python", "--nproc-per-node", "2", "--master-port"])
@@ -494,32 +508,25 @@ fn torchrun_and_slurm_launch_the_trainer() {
     assert!(text.contains("rank 1 of 2 (launched by torchrun"), "{text}");
     assert_eq!(metrics_of(&cfg).len(), 2);
     for step in 0..=2 {
-        let e = cfg
-            .run
-            .run_dir()
-            .join("eval")
-            .join(format!("step-{step}.json"));
+        let e = RunDir::of(&cfg).eval(step);
         assert!(e.is_file(), "{} missing:\n{text}", e.display());
     }
     // Slurm's variables (srun sets them; no Slurm here), master from the
     // step's node list.
     let cfg = dist_config(dir, "runs-slurm", 1);
-    let path = dir.join("slurm.toml");
-    std::fs::write(&path, cfg.to_toml_string().unwrap()).unwrap();
-    let port = free_port();
+    let path = write_config(dir, &cfg, "slurm");
+    let port = free_port().to_string();
     let children: Vec<Child> = (0..2)
         .map(|r| {
-            Command::new(env!("CARGO_BIN_EXE_falcon"))
-                .args(["train", "--config", path.to_str().unwrap()])
-                .env("SLURM_PROCID", r.to_string())
-                .env("SLURM_NTASKS", "2")
-                .env("SLURM_LOCALID", r.to_string())
-                .env("SLURM_STEP_NODELIST", "localhost")
-                .env("MASTER_PORT", port.to_string())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
+            let r = r.to_string();
+            let env = [
+                ("SLURM_PROCID", r.as_str()),
+                ("SLURM_NTASKS", "2"),
+                ("SLURM_LOCALID", r.as_str()),
+                ("SLURM_STEP_NODELIST", "localhost"),
+                ("MASTER_PORT", port.as_str()),
+            ];
+            falcon_train(&path, &[], &env)
         })
         .collect();
     for (r, o) in finish(children).iter().enumerate() {

@@ -29,6 +29,13 @@ impl Default for DistConfig {
     }
 }
 
+impl DistConfig {
+    /// `bucket_mb` in bytes.
+    pub fn bucket_bytes(&self) -> usize {
+        (self.bucket_mb * (1 << 20) as f64) as usize
+    }
+}
+
 impl Section for DistConfig {
     fn validate_into(&self, path: &str, problems: &mut Problems) {
         if !(self.timeout_s.is_finite() && self.timeout_s >= 1.0) {

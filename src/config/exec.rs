@@ -233,6 +233,15 @@ impl Default for ExecConfig {
 }
 
 impl ExecConfig {
+    /// Warm workers in the pool: `workers`, or one per CPU when 0.
+    pub fn pool_size(&self) -> usize {
+        if self.workers == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            self.workers
+        }
+    }
+
     /// The wall-clock seconds a test may take before the worker kills it.
     pub fn wall_limit_s(&self) -> f64 {
         self.wall_limit_for(self.timeout_s, self.clock)

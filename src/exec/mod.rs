@@ -274,11 +274,7 @@ impl Sandbox {
                 std::path::PathBuf::from(&cfg.bwrap)
             }
         };
-        let size = if cfg.workers == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            cfg.workers
-        };
+        let size = cfg.pool_size();
         let launch = pool::Launch {
             cfg: cfg.clone(),
             python,

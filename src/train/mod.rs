@@ -255,12 +255,7 @@ fn rank_device(device: &str, dist: &Group) -> String {
 fn rank_exec(exec: &crate::config::ExecConfig, dist: &Group) -> crate::config::ExecConfig {
     let mut exec = exec.clone();
     if dist.world() > 1 {
-        let per_rank = if exec.workers == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            exec.workers
-        };
-        exec.uid_base += (dist.local_rank() * per_rank) as u32;
+        exec.uid_base += (dist.local_rank() * exec.pool_size()) as u32;
     }
     exec
 }

@@ -59,6 +59,31 @@ pub(super) fn local(dist: &Group, n: usize) -> Range<usize> {
     range(n, dist.rank(), dist.world())
 }
 
+/// This rank's sequences of a batch of `n` in groups of `g`: the whole
+/// groups of its [`local`] tasks (all `n` on one process).
+pub(super) fn local_seqs(dist: &Group, n: usize, g: usize) -> Range<usize> {
+    if dist.world() == 1 {
+        return 0..n;
+    }
+    let tasks = local(dist, n / g.max(1));
+    tasks.start * g..tasks.end * g
+}
+
+/// Sum the gradients of `params` over the ranks (buckets of
+/// `bucket_bytes`): each rank's loss is already normalised by the whole
+/// batch, so the sum is the one-process gradient.
+pub(super) fn sum_grads(
+    dist: &Group,
+    params: &[(String, tch::Tensor)],
+    bucket_bytes: usize,
+) -> Result<(), TrainError> {
+    if dist.world() == 1 {
+        return Ok(());
+    }
+    let ps: Vec<tch::Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
+    Ok(dist.all_reduce_grads(&ps, bucket_bytes, false)?)
+}
+
 /// Every rank's `mine`, concatenated in rank order (the whole batch when
 /// each holds its [`local`] share).
 pub(super) fn gather<T: Serialize + DeserializeOwned>(

@@ -473,7 +473,7 @@ pub(super) fn update(
     dist: &Group,
     bucket_bytes: usize,
 ) -> Result<(BTreeMap<String, f64>, f64), TrainError> {
-    let share = seq_share(dist, seqs.len(), t.group_size);
+    let share = super::shard::local_seqs(dist, seqs.len(), t.group_size);
     // Forward passes only: backward replays the dtypes they recorded.
     let (dev, ac) = (policy.device(), kind_of(t.autocast));
     let mut micro = with_autocast(dev, ac, || {
@@ -502,10 +502,7 @@ pub(super) fn update(
                 total.backward();
             }
         }
-        if dist.world() > 1 {
-            let ps: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
-            dist.all_reduce_grads(&ps, bucket_bytes, false)?;
-        }
+        super::shard::sum_grads(dist, &params, bucket_bytes)?;
         let grad_norm = clip_grad_norm(&params, t.grad_clip);
         // A step whose gradient is not finite is skipped, not applied.
         if grad_norm.is_finite() {
@@ -517,15 +514,4 @@ pub(super) fn update(
         }
     }
     Ok(first.expect("ppo_epochs >= 1"))
-}
-
-/// This rank's sequences of a batch of `n` in groups of `g`: whole groups,
-/// the tasks [`super::shard::local`] gives it.
-fn seq_share(dist: &Group, n: usize, g: usize) -> Range<usize> {
-    let g = g.max(1);
-    let tasks = super::shard::local(dist, n / g);
-    if dist.world() == 1 {
-        return 0..n;
-    }
-    tasks.start * g..tasks.end * g
 }

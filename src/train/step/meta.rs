@@ -306,11 +306,7 @@ pub fn step(
     // The ranks' tasks together: the loss terms and gradients add up to the
     // one-process step's; every rank then holds every task's query samples.
     let loss = shard::sum_terms(s.dist, loss)?;
-    let queries = if s.dist.world() > 1 {
-        shard::gather(s.dist, queries)?
-    } else {
-        queries
-    };
+    let queries = shard::gather(s.dist, queries)?;
     // Line 12's outcomes join `P_error` now, in task order (each task's
     // query rewards used it as the support samples left it).
     for qr in &queries {
@@ -321,11 +317,7 @@ pub fn step(
         reptile_update(&theta, &adapted, m.reptile_eps)?;
         0.0
     } else {
-        if s.dist.world() > 1 {
-            let ps: Vec<Tensor> = theta.iter().map(|(_, p)| p.shallow_clone()).collect();
-            let bucket = (s.cfg.dist.bucket_mb * (1 << 20) as f64) as usize;
-            s.dist.all_reduce_grads(&ps, bucket, false)?;
-        }
+        shard::sum_grads(s.dist, &theta, s.cfg.dist.bucket_bytes())?;
         let n = clip_grad_norm(&theta, t.grad_clip);
         if n.is_finite() {
             s.optimizer.step(&theta, lr)?;

@@ -31,7 +31,6 @@ pub fn step(
 
     let t0 = Instant::now();
     let lr = s.schedule.lr_at(s.step);
-    let bucket = (s.cfg.dist.bucket_mb * (1 << 20) as f64) as usize;
     let (loss, grad_norm) = update(
         s.policy,
         s.optimizer.as_mut(),
@@ -40,7 +39,7 @@ pub fn step(
         lr,
         &t.loss,
         s.dist,
-        bucket,
+        s.cfg.dist.bucket_bytes(),
     )?;
     seconds.insert("update".to_owned(), t0.elapsed().as_secs_f64());
     s.log_samples(samples_log, &ro, &tasks)?;

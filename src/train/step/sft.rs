@@ -46,7 +46,6 @@ pub fn step(s: &mut TrainState) -> Result<StepRecord, TrainError> {
         })
         .collect();
     let lr = s.schedule.lr_at(s.step);
-    let bucket = (s.cfg.dist.bucket_mb * (1 << 20) as f64) as usize;
     let (loss, grad_norm) = update(
         s.policy,
         s.optimizer.as_mut(),
@@ -55,7 +54,7 @@ pub fn step(s: &mut TrainState) -> Result<StepRecord, TrainError> {
         lr,
         &SFT_LOSS,
         s.dist,
-        bucket,
+        s.cfg.dist.bucket_bytes(),
     )?;
     let mut seconds = BTreeMap::new();
     seconds.insert("update".to_owned(), t0.elapsed().as_secs_f64());
