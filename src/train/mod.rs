@@ -9,10 +9,12 @@
 //!   algorithm`, or the `sft` subcommand): `step::rl`, `step::meta`
 //!   (`maml` / `fomaml` / `reptile`), `step::sft`. No step imports another;
 //!   what they share is below them: sampling and scoring (`sample`), the
-//!   policy update (`update`), the memories (`memories`) and the meta-update's
-//!   mathematics (`maml`).
-//! - [`run`]: the loop (evaluations, metrics, checkpoints, time budget);
-//!   [`train`]: a whole `falcon train` / `falcon sft` session from a config.
+//!   policy update (`update`), the memories (`memories`), the meta-update's
+//!   mathematics (`maml`) and how a step is split over data-parallel ranks
+//!   (`shard`: whole groups per rank, gathered samples, summed gradients).
+//! - [`run`]: the loop (evaluations, metrics, checkpoints, time budget; rank
+//!   0 writes); [`train`]: a whole `falcon train` / `falcon sft` session from
+//!   a config, as one process or as a rank of a torchrun / Slurm job.
 //! - [`losses`], [`advantage`], [`optim`]: FALCON's loss terms, advantage
 //!   estimators, our AdamW / SGD and LR schedules.
 //! - [`checkpoint`]: atomic `step-N/` directories, verification, retention.
