@@ -16,9 +16,12 @@
 //! - [`multi_lora`]: LoRA with one adapter per row (a gather-matmul over
 //!   per-row adapter indices), so K tasks' fast adapters run in one batch.
 //! - [`device`]: the device's free and total memory, and kernel launches.
+//! - [`gemv`] (CPU, not CUDA): a decode step's matrix-vector products at
+//!   batch 1 to 8, on a small spinning pool instead of libtorch's OpenMP.
 
 pub mod device;
 pub mod fused;
+pub mod gemv;
 pub mod multi_lora;
 pub mod toolchain;
 
@@ -35,6 +38,17 @@ pub const SOURCES: &[(&str, &str)] = &[
 /// [`toolchain::source`]: the sources compile from memory, with no
 /// include directory).
 pub const COMMON: &str = include_str!("../../kernels/common.cuh");
+
+/// Is autograd recording (not inside `no_grad`)?
+pub(crate) fn grad_enabled() -> bool {
+    // SAFETY: plain calls into libtorch's thread-local grad mode; the
+    // previous mode is restored at once.
+    unsafe {
+        let prev = torch_sys::at_grad_set_enabled(0);
+        torch_sys::at_grad_set_enabled(prev);
+        prev != 0
+    }
+}
 
 /// What can go wrong finding, compiling or running a kernel.
 #[derive(Debug, thiserror::Error)]

@@ -814,6 +814,9 @@ impl Decoder {
     /// Logits `[N, V]` of final normalised hidden states `[N, H]`.
     fn project(&self, h: &Tensor) -> Tensor {
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+        if let Some(y) = crate::kernels::gemv::linear(h, head, None) {
+            return y;
+        }
         // `W · hᵀ` rather than `h · Wᵀ`: for the few rows of a decode step the
         // BLAS kernels run this orientation of the vocab projection (the
         // largest matmul of a small model) markedly faster; same products.

@@ -125,7 +125,7 @@ impl LoraLinear {
     }
 
     pub fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
-        self.plus_low_rank(x.linear(&self.weight, self.bias.as_ref()), x, train)
+        self.plus_low_rank(base_linear(x, &self.weight, self.bias.as_ref()), x, train)
     }
 
     /// `y` (this projection's base output for `x`) plus the adapter's term.
@@ -252,7 +252,7 @@ impl Fused {
         let trains = |p: &&LoraLinear| {
             p.weight.requires_grad() || p.bias.as_ref().is_some_and(Tensor::requires_grad)
         };
-        let separate = parts.iter().any(trains) && grad_enabled();
+        let separate = parts.iter().any(trains) && crate::kernels::grad_enabled();
         let mut cell = self.cell.borrow_mut();
         if !separate
             && !cell
@@ -264,7 +264,7 @@ impl Fused {
         let base = match (&*cell, separate) {
             (Some((w, b)), false) => {
                 let sizes: Vec<i64> = parts.iter().map(|p| p.out_dim()).collect();
-                x.linear(w, b.as_ref()).split_with_sizes(&sizes, -1)
+                base_linear(x, w, b.as_ref()).split_with_sizes(&sizes, -1)
             }
             _ => return parts.iter().map(|p| p.forward_t(x, train)).collect(),
         };
@@ -276,15 +276,10 @@ impl Fused {
     }
 }
 
-/// Is autograd recording (not inside `no_grad`)?
-fn grad_enabled() -> bool {
-    // SAFETY: plain calls into libtorch's thread-local grad mode; the
-    // previous mode is restored at once.
-    unsafe {
-        let prev = torch_sys::at_grad_set_enabled(0);
-        torch_sys::at_grad_set_enabled(prev);
-        prev != 0
-    }
+/// `x Wᵀ + b`: a decode step's few rows through the CPU kernel
+/// ([`crate::kernels::gemv`]), everything else through libtorch.
+pub(crate) fn base_linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
+    crate::kernels::gemv::linear(x, w, b).unwrap_or_else(|| x.linear(w, b))
 }
 
 /// Do `parts`' weights and biases still lie, in order, inside `w` and `b`?
