@@ -129,6 +129,12 @@ def main():
         print(f"seconds per completion token: falcon {ours / toks * 1000:.1f} ms, TRL {trl['median_step_s'] / ttoks * 1000:.1f} ms "
               f"(ratio {trl['median_step_s'] / ttoks / (ours / toks):.2f}x)")
         result.update({"trl": trl, "ratio": ratio})
+        if "generate" in parts and "generate" in tparts:
+            # Generation alone (sampled, batch N x G, ragged, finished rows dropped), per token.
+            ours_g, trl_g = parts["generate"] / toks, tparts["generate"] / ttoks
+            print(f"generation per completion token: falcon {ours_g * 1000:.1f} ms ({1 / ours_g:.0f} tok/s), "
+                  f"TRL {trl_g * 1000:.1f} ms ({1 / trl_g:.0f} tok/s) (ratio {trl_g / ours_g:.2f}x)")
+            result["generation_ratio"] = trl_g / ours_g
     print(json.dumps(result))
 
 

@@ -1,6 +1,6 @@
-//! Custom CUDA kernels for the hot spots libtorch does not serve well, and
-//! the libtorch reference path of each, which is what runs on CPU and what
-//! the tests compare against.
+//! Custom kernels for the hot spots libtorch does not serve well (CUDA, and
+//! one for the CPU), and the libtorch reference path of each, which is what
+//! runs where a kernel cannot and what the tests compare against.
 //!
 //! The CUDA C sources live in `kernels/` at the top of the repository and
 //! are embedded in the binary. NVRTC compiles them at run time for the
