@@ -187,19 +187,21 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Option<Tensor> {
     }
     let (n, k) = (n as usize, k as usize);
     let x = x.contiguous();
-    let xf = to_f32(&x, m * k);
     let isa = isa();
-    let xh = (kind == Kind::BFloat16 && isa == Isa::Avx512Bf16).then(|| {
+    let x = if kind == Kind::BFloat16 && isa == Isa::Avx512Bf16 {
         // SAFETY: `x` is a contiguous bf16 tensor of `m · k` elements.
-        unsafe { std::slice::from_raw_parts(x.data_ptr() as *const u16, m * k) }.to_vec()
-    });
+        Input::Bf16(
+            unsafe { std::slice::from_raw_parts(x.data_ptr() as *const u16, m * k) }.to_vec(),
+        )
+    } else {
+        Input::F32(to_f32(&x, m * k))
+    };
     let bias = b.map(|b| to_f32(&b.contiguous(), n));
     let mut out_shape = xs[..xs.len() - 1].to_vec();
     out_shape.push(n as i64);
     let y = Tensor::empty(out_shape.as_slice(), (kind, Device::Cpu));
     let job = Job {
-        x: xf,
-        xh,
+        x,
         wide: isa >= Isa::Avx512,
         bias,
         w: w.data_ptr() as usize,
@@ -228,15 +230,20 @@ fn to_f32(t: &Tensor, len: usize) -> Vec<f32> {
             // SAFETY: `t` is a contiguous bf16 tensor of `len` elements
             // that outlives this borrow.
             let s = unsafe { std::slice::from_raw_parts(t.data_ptr() as *const u16, len) };
-            s.iter()
-                .map(|&h| f32::from_bits((h as u32) << 16))
-                .collect()
+            s.iter().map(|&h| widen(h)).collect()
         }
         _ => {
             // SAFETY: as above, fp32.
             unsafe { std::slice::from_raw_parts(t.data_ptr() as *const f32, len) }.to_vec()
         }
     }
+}
+
+/// bf16 → fp32: bf16 is the top half of an fp32, so widening is a shift,
+/// exact.
+#[inline(always)]
+fn widen(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
 }
 
 /// fp32 → bf16 with round-to-nearest-even, as libtorch rounds.
@@ -249,12 +256,17 @@ fn bf16_bits(f: f32) -> u16 {
     (bits.wrapping_add(rounding) >> 16) as u16
 }
 
+/// The rows of `x`, `[m, k]`, in the form the kernels read.
+enum Input {
+    /// fp32 (bf16 widened exactly), for the kernels that compute in fp32.
+    F32(Vec<f32>),
+    /// bf16 as given, for the AVX512-BF16 kernel.
+    Bf16(Vec<u16>),
+}
+
 /// One product, split into chunks of output rows.
 struct Job {
-    /// `[m, k]` fp32.
-    x: Vec<f32>,
-    /// `[m, k]` bf16 as given, for the AVX512-BF16 kernel.
-    xh: Option<Vec<u16>>,
+    x: Input,
     /// AVX-512 kernels (else AVX2).
     wide: bool,
     bias: Option<Vec<f32>>,
@@ -319,15 +331,16 @@ impl Job {
         #[cfg(target_arch = "x86_64")]
         {
             let k = self.k;
-            let x = &self.x[..M * k];
-            if let Some(xh) = &self.xh {
-                self.bf16_rows::<M>(&xh[..M * k], rows);
-            } else if self.bf16 {
-                let w = self.w as *const u16;
-                self.rows_of::<M, _>(x, rows, |r| simd::Bf16Row(w.add(r * k)));
-            } else {
-                let w = self.w as *const f32;
-                self.rows_of::<M, _>(x, rows, |r| simd::F32Row(w.add(r * k)));
+            match &self.x {
+                Input::Bf16(xh) => self.bf16_rows::<M>(&xh[..M * k], rows),
+                Input::F32(x) if self.bf16 => {
+                    let w = self.w as *const u16;
+                    self.rows_of::<M, _>(&x[..M * k], rows, |r| simd::Bf16Row(w.add(r * k)));
+                }
+                Input::F32(x) => {
+                    let w = self.w as *const f32;
+                    self.rows_of::<M, _>(&x[..M * k], rows, |r| simd::F32Row(w.add(r * k)));
+                }
             }
         }
     }
@@ -338,21 +351,15 @@ impl Job {
     /// As [`Job::chunk`]; `M == self.m`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn bf16_rows<const M: usize>(&self, xh: &[u16], rows: std::ops::Range<usize>) {
-        let row = |r: usize| (self.w as *const u16).add(r * self.k);
+        let (k, end) = (self.k, rows.end);
+        let row = |r: usize| (self.w as *const u16).add(r * k);
         let mut r = rows.start;
-        while r + 2 <= rows.end {
-            let mut out = [[0f32; M]; 2];
-            simd::dot_rows_bf16_xr::<M, 2>(xh, self.k, [row(r), row(r + 1)], &mut out);
-            for (d, o) in out.iter().enumerate() {
-                self.store(r + d, o);
-            }
-            r += 2;
-        }
-        if r < rows.end {
-            let mut out = [[0f32; M]; 1];
-            simd::dot_rows_bf16_xr::<M, 1>(xh, self.k, [row(r)], &mut out);
-            self.store(r, &out[0]);
-        }
+        self.blocks::<M, 2>(&mut r, end, |r, out| {
+            simd::dot_rows_bf16_xr::<M, 2>(xh, k, [row(r), row(r + 1)], out)
+        });
+        self.blocks::<M, 1>(&mut r, end, |r, out| {
+            simd::dot_rows_bf16_xr::<M, 1>(xh, k, [row(r)], out)
+        });
     }
 
     /// [`Job::chunk_m`] over weight rows given by `row`: several weight rows
@@ -368,37 +375,49 @@ impl Job {
         rows: std::ops::Range<usize>,
         row: impl Fn(usize) -> W,
     ) {
-        let k = self.k;
+        let (k, end) = (self.k, rows.end);
         let mut r = rows.start;
         if self.wide {
             if M <= 2 {
-                while r + 4 <= rows.end {
-                    let mut out = [[0f32; M]; 4];
+                self.blocks::<M, 4>(&mut r, end, |r, out| {
                     let w = [row(r), row(r + 1), row(r + 2), row(r + 3)];
-                    simd::dot_rows_512_xr::<M, 4, W>(x, k, w, &mut out);
-                    for (d, o) in out.iter().enumerate() {
-                        self.store(r + d, o);
-                    }
-                    r += 4;
-                }
+                    simd::dot_rows_512_xr::<M, 4, W>(x, k, w, out)
+                });
             }
-            while r + 2 <= rows.end {
-                let mut out = [[0f32; M]; 2];
-                simd::dot_rows_512_xr::<M, 2, W>(x, k, [row(r), row(r + 1)], &mut out);
-                for (d, o) in out.iter().enumerate() {
-                    self.store(r + d, o);
-                }
-                r += 2;
-            }
+            self.blocks::<M, 2>(&mut r, end, |r, out| {
+                simd::dot_rows_512_xr::<M, 2, W>(x, k, [row(r), row(r + 1)], out)
+            });
+            self.blocks::<M, 1>(&mut r, end, |r, out| {
+                simd::dot_rows_512::<M>(x, k, row(r), &mut out[0])
+            });
+        } else {
+            self.blocks::<M, 1>(&mut r, end, |r, out| {
+                simd::dot_rows::<M>(x, k, row(r), &mut out[0])
+            });
         }
-        for r in r..rows.end {
-            let mut out = [0f32; M];
-            if self.wide {
-                simd::dot_rows_512::<M>(x, k, row(r), &mut out);
-            } else {
-                simd::dot_rows::<M>(x, k, row(r), &mut out);
+    }
+
+    /// Whole blocks of `R` weight rows from `*r` on while they fit before
+    /// `end`, each through `kernel` (its first row and its sums), then
+    /// stored; `*r` is left at the first row not done.
+    ///
+    /// # Safety
+    /// As [`Job::chunk`], for the rows done; `kernel` must be sound to call
+    /// on them.
+    #[inline(always)]
+    unsafe fn blocks<const M: usize, const R: usize>(
+        &self,
+        r: &mut usize,
+        end: usize,
+        kernel: impl Fn(usize, &mut [[f32; M]; R]),
+    ) {
+        while *r + R <= end {
+            let mut out = [[0f32; M]; R];
+            kernel(*r, &mut out);
+            for (d, o) in out.iter().enumerate() {
+                self.store(*r + d, o);
             }
-            self.store(r, &out);
+            *r += R;
         }
     }
 
@@ -465,7 +484,7 @@ mod simd {
     }
 
     impl Row for Bf16Row {
-        /// bf16 is the top half of an fp32: widening is a shift, exact.
+        /// Widened as [`super::widen`] does, eight or sixteen at a time.
         #[inline(always)]
         unsafe fn load8(self, j: usize) -> __m256 {
             let h = _mm_loadu_si128(self.0.add(j) as *const __m128i);
@@ -478,7 +497,7 @@ mod simd {
         }
         #[inline(always)]
         unsafe fn at(self, j: usize) -> f32 {
-            f32::from_bits((*self.0.add(j) as u32) << 16)
+            super::widen(*self.0.add(j))
         }
         #[inline(always)]
         unsafe fn prefetch(self, j: usize) {
@@ -613,7 +632,7 @@ mod simd {
             }
             j += 32;
         }
-        let widen = |h: u16| f32::from_bits((h as u32) << 16);
+        use super::widen;
         for r in 0..R {
             for i in 0..M {
                 let mut sum = _mm512_reduce_add_ps(acc[r][i]);
@@ -724,44 +743,42 @@ impl Pool {
             w.unpark();
         }
         job.work();
-        let mut turns = 0u32;
-        while !job.finished() {
-            turns = turns.wrapping_add(1);
-            if turns.is_multiple_of(16) {
-                thread::yield_now();
-            } else {
-                hint::spin_loop();
-            }
-        }
+        wait_until(|| job.finished(), None);
         *self.job.lock().expect("gemv job lock") = None;
         self.busy.store(false, Ordering::Release);
+    }
+}
+
+/// Spin until `done()`, handing the core to any other runnable thread every
+/// sixteenth turn; after `park_after` (if given), park between checks
+/// instead (an unpark, or a stale one, wakes it to check again).
+fn wait_until(mut done: impl FnMut() -> bool, park_after: Option<Duration>) {
+    let since = Instant::now();
+    let mut turns = 0u32;
+    while !done() {
+        turns = turns.wrapping_add(1);
+        if !turns.is_multiple_of(16) {
+            hint::spin_loop();
+        } else if park_after.is_some_and(|d| since.elapsed() > d) {
+            thread::park();
+        } else {
+            thread::yield_now();
+        }
     }
 }
 
 fn worker(pool: &'static Pool) {
     let mut seen = pool.epoch.load(Ordering::SeqCst);
     loop {
-        let since = Instant::now();
-        let mut turns = 0u32;
-        loop {
-            let e = pool.epoch.load(Ordering::SeqCst);
-            if e != seen {
+        wait_until(
+            || {
+                let e = pool.epoch.load(Ordering::SeqCst);
+                let new = e != seen;
                 seen = e;
-                break;
-            }
-            turns = turns.wrapping_add(1);
-            if turns.is_multiple_of(16) {
-                if since.elapsed() > SPIN {
-                    // A stale unpark makes this return at once; the loop
-                    // checks the epoch again either way.
-                    thread::park();
-                } else {
-                    thread::yield_now();
-                }
-            } else {
-                hint::spin_loop();
-            }
-        }
+                new
+            },
+            Some(SPIN),
+        );
         let job = pool.job.lock().expect("gemv job lock").clone();
         if let Some(job) = job {
             job.work();
