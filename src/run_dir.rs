@@ -14,6 +14,9 @@
 //!   step-N/            checkpoints (atomic; see train::checkpoint)
 //!   report/            `falcon report`'s plots and index.html
 //!   ablate-done.json   a finished `falcon ablate` variant's summary row
+//!   vllm/              [rollout] engine = "vllm": the managed server's log
+//!                      (server.log) and what the servers read (base model,
+//!                      the current adapter or weights)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -30,6 +33,8 @@ pub const SAMPLES: &str = "samples.jsonl";
 pub const TENSORBOARD: &str = "tb";
 /// Held-out evaluations, `step-N.json`.
 pub const EVAL: &str = "eval";
+/// The vLLM engine's directory.
+pub const VLLM: &str = "vllm";
 /// The memory database (SQLite).
 pub const MEMORY_DB: &str = "memory.sqlite";
 /// `falcon report`'s default output.
@@ -122,6 +127,19 @@ impl RunDir {
 
     pub fn ablate_done(&self) -> PathBuf {
         self.0.join(ABLATE_DONE)
+    }
+
+    /// `vllm/` (rank 0) or `vllm/rank-R/`: what the vLLM servers read.
+    pub fn vllm(&self, rank: usize) -> PathBuf {
+        match rank {
+            0 => self.0.join(VLLM),
+            r => self.0.join(VLLM).join(format!("rank-{r}")),
+        }
+    }
+
+    /// The managed vLLM server's log.
+    pub fn vllm_log(&self, rank: usize) -> PathBuf {
+        self.vllm(rank).join("server.log")
     }
 
     /// `step-N/`.

@@ -248,6 +248,7 @@ mod tests {
             grad_norm: 1.0,
             tokens_generated: 100,
             seconds: [("generate".to_owned(), 2.0)].into(),
+            mismatch: Default::default(),
         };
         assert_eq!(step_line(&r), "reward +1.250 pass 50% loss 0.5000 50 tok/s");
         r.no_signal = 4;

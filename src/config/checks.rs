@@ -90,8 +90,35 @@ pub(super) fn job_rules(c: &RunConfig, job: Job, problems: &mut Problems) {
                     "`falcon train` does not support the LM judge yet; use \"static\"",
                 );
             }
+            if c.rollout.engine == super::EngineKind::Vllm {
+                // Not yet built (issue 37, item 3): refused rather than
+                // generating the K tasks' fast-weight samples from θ.
+                if c.meta.algorithm != MetaAlgorithm::Off {
+                    problems.push(
+                        "rollout.engine",
+                        "vllm",
+                        "meta-RL recipes ([meta] algorithm) generate with the native engine only for now: their K fast adapters are not served by vLLM yet",
+                    );
+                }
+                // Full weights reach a server only through vLLM's dev-mode
+                // `reload_weights`, which falcon turns on for its own server.
+                if !c.model.lora.enabled && !c.rollout.vllm.managed() {
+                    problems.push(
+                        "rollout.vllm.urls",
+                        &c.rollout.vllm.urls,
+                        "full fine-tuning syncs weights through a managed server only: enable [model.lora] or leave urls empty",
+                    );
+                }
+            }
         }
         Job::Sft => {
+            if c.rollout.engine == super::EngineKind::Vllm {
+                problems.push(
+                    "rollout.engine",
+                    "vllm",
+                    "`falcon sft` generates nothing to train on; remove [rollout] engine (its evaluations run natively)",
+                );
+            }
             if c.meta.algorithm != MetaAlgorithm::Off {
                 problems.push(
                     "meta.algorithm",

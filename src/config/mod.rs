@@ -28,6 +28,7 @@ mod memory;
 mod meta;
 mod model;
 mod reward;
+mod rollout;
 mod run;
 mod strategy;
 mod tasks;
@@ -41,6 +42,7 @@ pub use memory::*;
 pub use meta::{MetaAlgorithm, MetaConfig, MetaPrompt};
 pub use model::*;
 pub use reward::*;
+pub use rollout::{EngineKind, RolloutConfig, VllmConfig};
 pub use run::RunSection;
 pub use strategy::{StrategyConfig, StrategyKind};
 pub use tasks::{TaskFormat, TasksConfig};
@@ -200,6 +202,8 @@ sections! {
     strategy: StrategyConfig,
     /// `[dist]`: collectives of a data-parallel run (torchrun / Slurm).
     dist: DistConfig,
+    /// `[rollout]`: the generation engine (native, or vLLM servers).
+    rollout: RolloutConfig,
 }
 
 impl RunConfig {

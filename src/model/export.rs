@@ -39,14 +39,14 @@ fn write_json(path: &Path, v: &serde_json::Value) -> Result<(), ModelError> {
     write_atomic(path, format!("{text}\n").as_bytes())
 }
 
-/// The base-model tensors with any LoRA delta folded in, under HF names,
-/// cast to `dtype`.
-fn merged_tensors(policy: &Policy, dtype: Dtype) -> Vec<(String, Tensor)> {
+/// The base-model tensors, with any LoRA delta folded in when `merge`,
+/// under HF names, cast to `dtype`.
+fn merged_tensors(policy: &Policy, dtype: Dtype, merge: bool) -> Vec<(String, Tensor)> {
     let deltas: HashMap<String, Tensor> = policy
         .model
         .projections()
         .into_iter()
-        .filter(|(_, lin)| !lin.is_merged())
+        .filter(|(_, lin)| merge && !lin.is_merged())
         .filter_map(|(name, lin)| lin.delta().map(|d| (format!("{name}.weight"), d)))
         .collect();
     let mut out: Vec<(String, Tensor)> = tch::no_grad(|| {
@@ -75,8 +75,30 @@ pub fn export_hf(
     dtype: Dtype,
     overwrite: bool,
 ) -> Result<PathBuf, ModelError> {
+    write_hf(policy, out, dtype, overwrite, true)
+}
+
+/// [`export_hf`] without the LoRA deltas: the base a PEFT adapter from
+/// [`export_peft`] applies to (a server that loads adapters at run time).
+/// Adapters merged into their layers stay merged.
+pub fn export_hf_base(
+    policy: &Policy,
+    out: &Path,
+    dtype: Dtype,
+    overwrite: bool,
+) -> Result<PathBuf, ModelError> {
+    write_hf(policy, out, dtype, overwrite, false)
+}
+
+fn write_hf(
+    policy: &Policy,
+    out: &Path,
+    dtype: Dtype,
+    overwrite: bool,
+    merge: bool,
+) -> Result<PathBuf, ModelError> {
     publish_dir(out, overwrite, |dir| -> Result<(), ModelError> {
-        let tensors = merged_tensors(policy, dtype);
+        let tensors = merged_tensors(policy, dtype, merge);
         let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
         save_safetensors(&dir.join("model.safetensors"), &tensors, Some(meta))?;
 

@@ -116,6 +116,34 @@ pub trait Generator {
     ) -> Result<Vec<Completion>, ModelError>;
 }
 
+/// Token ids of `prompts` as the model sees them: each wrapped as one user
+/// message (after `params.system`) in the chat template when `params.chat`,
+/// else encoded with the tokenizer's special tokens. Every engine encodes
+/// here, so the trainer scores exactly the ids that were generated from.
+pub fn encode_prompts(
+    tok: &TextTokenizer,
+    prompts: &[String],
+    params: &GenerationParams,
+) -> Result<Vec<Vec<i64>>, ModelError> {
+    prompts
+        .iter()
+        .map(|p| {
+            if params.chat {
+                let mut msgs = Vec::new();
+                if let Some(s) = &params.system {
+                    msgs.push(ChatMessage::new("system", s));
+                }
+                msgs.push(ChatMessage::new("user", p));
+                let text = tok.apply_chat_template(&msgs, true)?;
+                // The template already holds any BOS it wants.
+                tok.encode(&text, false)
+            } else {
+                tok.encode(p, true)
+            }
+        })
+        .collect()
+}
+
 /// Which family a `config.json` describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
@@ -484,24 +512,7 @@ impl Policy {
         prompts: &[String],
         params: &GenerationParams,
     ) -> Result<Vec<Vec<i64>>, ModelError> {
-        let tok = self.tokenizer()?;
-        prompts
-            .iter()
-            .map(|p| {
-                if params.chat {
-                    let mut msgs = Vec::new();
-                    if let Some(s) = &params.system {
-                        msgs.push(ChatMessage::new("system", s));
-                    }
-                    msgs.push(ChatMessage::new("user", p));
-                    let text = tok.apply_chat_template(&msgs, true)?;
-                    // The template already holds any BOS it wants.
-                    tok.encode(&text, false)
-                } else {
-                    tok.encode(p, true)
-                }
-            })
-            .collect()
+        encode_prompts(self.tokenizer()?, prompts, params)
     }
 
     /// Generate from token-id prompts. `eos` ends a sequence; stop strings

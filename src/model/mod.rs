@@ -23,6 +23,7 @@ pub mod openai;
 pub mod qwen2;
 pub mod sampling;
 pub mod tokenizer;
+pub mod vllm;
 pub mod weights;
 
 mod error;

@@ -32,6 +32,7 @@ impl ChatMessage {
 pub type TokensWithOffsets = (Vec<i64>, Vec<(usize, usize)>);
 
 /// Text ⇄ token ids, plus chat formatting and stop ids.
+#[derive(Clone)]
 pub struct TextTokenizer {
     inner: Tokenizer,
     chat_template: Option<String>,

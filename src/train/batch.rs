@@ -27,6 +27,12 @@ impl Rollout {
 
     /// The samples as update sequences.
     pub fn seqs(&self) -> Vec<UpdateSeq<'_>> {
+        self.seqs_with(false)
+    }
+
+    /// [`Rollout::seqs`], with each completion's log-probs from the engine
+    /// that sampled it when `checked`, for the update to compare.
+    pub fn seqs_with(&self, checked: bool) -> Vec<UpdateSeq<'_>> {
         self.comps
             .iter()
             .enumerate()
@@ -36,6 +42,7 @@ impl Rollout {
                 advantage: self.adv[i],
                 passed: self.passed(i),
                 spans: &self.spans[i],
+                rollout_logprobs: if checked { &c.logprobs } else { &[] },
             })
             .collect()
     }

@@ -24,8 +24,14 @@ pub struct StepRecord {
     pub error_kinds: BTreeMap<String, usize>,
     pub grad_norm: f64,
     pub tokens_generated: usize,
-    /// Seconds in generate / exec / reward / update.
+    /// Seconds in generate / exec / reward / update (and `sync`: weights
+    /// to a vLLM engine).
     pub seconds: BTreeMap<String, f64>,
+    /// The rollout engine's log-probs against the update's own (vLLM only):
+    /// `abs_mean`, `abs_max` of |Δ log p| and `kl`, a k3 estimate of
+    /// KL(π_rollout ‖ π_train) per token.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mismatch: BTreeMap<String, f64>,
 }
 
 impl StepRecord {
@@ -43,6 +49,7 @@ impl StepRecord {
             ("loss", &self.loss),
             ("reward", &self.reward),
             ("seconds", &self.seconds),
+            ("mismatch", &self.mismatch),
         ] {
             v.extend(map.iter().map(|(k, x)| (format!("{prefix}/{k}"), *x)));
         }

@@ -34,6 +34,10 @@ pub struct PgBatch {
     pub mask: Tensor,
     /// `[B]` f32: one advantage per sequence (see `train::advantage`).
     pub advantages: Tensor,
+    /// `[B, T]`: a constant weight per token of the policy-gradient
+    /// objective (truncated importance sampling against the engine's
+    /// log-probs); `None` is 1 everywhere.
+    pub token_weight: Option<Tensor>,
 }
 
 /// Shapes in a [`PgBatch`] or span inputs that do not fit together.
@@ -130,6 +134,10 @@ pub fn pg_loss(batch: &PgBatch, clip: Option<f64>, norm: Normalization) -> Tenso
     let objective = match clip {
         None => unclipped,
         Some(eps) => unclipped.minimum(&(ratio.clamp(1.0 - eps, 1.0 + eps) * &adv)),
+    };
+    let objective = match &batch.token_weight {
+        Some(tw) => objective * tw.detach().to_kind(batch.logprobs.kind()),
+        None => objective,
     };
     let objective = objective.masked_fill(&mask.logical_not(), 0.0);
     match norm {
@@ -392,6 +400,7 @@ mod tests {
             old_logprobs: lp.detach(),
             logprobs: lp,
             ref_logprobs: None,
+            token_weight: None,
             mask,
             advantages: Tensor::from_slice(&adv),
         };
@@ -441,6 +450,7 @@ mod tests {
             logprobs: lp.shallow_clone(),
             old_logprobs: old.shallow_clone(),
             ref_logprobs: None,
+            token_weight: None,
             mask: mask.shallow_clone(),
             advantages: Tensor::from_slice(&adv),
         };
@@ -489,6 +499,7 @@ mod tests {
             logprobs: lp.shallow_clone(),
             old_logprobs: lp.zeros_like(),
             ref_logprobs: None,
+            token_weight: None,
             mask: lp.ones_like().to_kind(Kind::Bool),
             advantages: Tensor::from_slice(&cases.map(|c| c.0 as f32)),
         };

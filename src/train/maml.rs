@@ -388,6 +388,7 @@ mod tests {
                     advantage: self.adv[i],
                     passed: i != 1,
                     spans: &self.spans[i],
+                    rollout_logprobs: &[],
                 })
                 .collect()
         }

@@ -226,6 +226,7 @@ impl OwnedSeq {
             advantage: self.advantage,
             passed: self.passed,
             spans: &self.spans,
+            rollout_logprobs: &[],
         }
     }
 

@@ -160,6 +160,8 @@ fn evaluate_main(
         ));
     };
     let tasks: Vec<&Task> = tasks.iter().collect();
+    // Evaluated where rollouts are generated (the vLLM engine, synced).
+    s.sync_engine(&mut Default::default())?;
     let spec = EvalSpec {
         instruction: &s.cfg.train.instruction,
         generation: &s.cfg.generation,
@@ -175,7 +177,7 @@ fn evaluate_main(
         tasks.len(),
         s.cfg.eval.n
     ));
-    let result = evaluate(&*s.policy, &tasks, s.sandbox, &spec, &mut |_, _| {})
+    let result = evaluate(s.generator(), &tasks, s.sandbox, &spec, &mut |_, _| {})
         .map_err(|e| TrainError::Invalid(format!("evaluation: {e}")))?;
     let path = s.run_dir.eval(s.step);
     if let Some(dir) = path.parent() {

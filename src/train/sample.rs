@@ -15,7 +15,7 @@ use super::shard;
 use super::state::{mix, TrainState};
 use super::TrainError;
 use crate::exec::{ExecReport, RewardClass};
-use crate::model::{Completion, Generator, Policy};
+use crate::model::{Completion, Generator};
 use crate::reward::{code_in_completion, execute, Rewards};
 use crate::rollout::{generation_params, reflection_params, Env, Strategy};
 use crate::task::Task;
@@ -111,7 +111,9 @@ impl<'a> TrainState<'a> {
         seconds: &mut BTreeMap<String, f64>,
     ) -> Result<Rollout, TrainError> {
         if let Some(mut r) = self.strategy.take() {
-            let solved = self.strategy_rollout(r.as_mut(), tasks, g, seed, seconds);
+            let synced = self.sync_engine(seconds);
+            let solved =
+                synced.and_then(|_| self.strategy_rollout(r.as_mut(), tasks, g, seed, seconds));
             self.strategy = Some(r);
             let (comps, attempts) = solved?;
             let reports = self.run(tasks, &comps, g, 0, seconds);
@@ -126,8 +128,12 @@ impl<'a> TrainState<'a> {
         let mut params = generation_params(&self.cfg.generation, seed);
         // Row k of the whole batch draws from its own stream wherever it runs.
         params.row_offset = (share.start * g) as u64;
+        self.sync_engine(seconds)?;
         let t0 = Instant::now();
-        let comps = self.policy.generate(&expanded, &params)?;
+        let comps = match self.engine.as_mut() {
+            Some(e) => e.generate_or_restart(self.policy, self.step, &expanded, &params)?,
+            None => self.policy.generate(&expanded, &params)?,
+        };
         *seconds.entry("generate".to_owned()).or_insert(0.0) += t0.elapsed().as_secs_f64();
         let reports = self.run(tasks, &comps, g, share.start, seconds);
         let (comps, reports) = if share.len() == tasks.len() {
@@ -156,10 +162,10 @@ impl<'a> TrainState<'a> {
     ) -> Result<(Vec<Completion>, Vec<Vec<String>>), TrainError> {
         let t0 = Instant::now();
         let params = generation_params(&self.cfg.generation, seed);
-        let policy: &Policy = self.policy;
+        let generator = self.generator();
         let env = Env::new(
-            policy,
-            policy,
+            generator,
+            generator,
             self.sandbox,
             &self.cfg.train.instruction,
             params,
@@ -178,6 +184,24 @@ impl<'a> TrainState<'a> {
         }
         *seconds.entry("generate".to_owned()).or_insert(0.0) += t0.elapsed().as_secs_f64();
         Ok((comps, attempts))
+    }
+
+    /// What generates now: the vLLM engine, else the policy itself.
+    pub fn generator(&self) -> &dyn Generator {
+        match &self.engine {
+            Some(e) => e,
+            None => &*self.policy,
+        }
+    }
+
+    /// Bring a vLLM engine's servers to the policy as it is now (version:
+    /// the step), its seconds as `sync`. Nothing without an engine.
+    pub fn sync_engine(&mut self, seconds: &mut BTreeMap<String, f64>) -> Result<(), TrainError> {
+        if let Some(e) = self.engine.as_mut() {
+            let secs = e.sync(self.policy, self.step)?;
+            *seconds.entry("sync".to_owned()).or_insert(0.0) += secs;
+        }
+        Ok(())
     }
 
     /// Run `comps` (`g` per task, in task order, from task `first` on) in
@@ -328,6 +352,7 @@ impl<'a> TrainState<'a> {
                 .map(|c| c.token_ids.len())
                 .sum(),
             seconds,
+            mismatch: BTreeMap::new(),
         }
     }
 }

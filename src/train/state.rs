@@ -20,11 +20,12 @@ use super::memories::MetaMemory;
 use super::metrics::truncate_after_step;
 use super::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
 use super::{Recipe, Start, TrainError};
-use crate::config::{Job, OptimizerKind, RunConfig};
+use crate::config::{EngineKind, Job, OptimizerKind, RunConfig};
 use crate::dist::Group;
 use crate::exec::Sandbox;
 use crate::memory::stats::ErrorStats;
 use crate::memory::ShortTerm;
+use crate::model::vllm::VllmEngine;
 use crate::model::{weights, ModelSpec, Policy};
 use crate::reward::Rewards;
 use crate::rollout::{training_strategy, Strategy};
@@ -218,6 +219,10 @@ pub struct TrainState<'a> {
     /// A data-parallel rank's private directory (its copy of the memory
     /// store), removed with the state.
     scratch: Option<PathBuf>,
+    /// `[rollout] engine = "vllm"`: the servers rollouts and evaluations go
+    /// to (a managed one stops when the state is dropped); `None`: the
+    /// policy generates.
+    pub engine: Option<VllmEngine>,
 }
 
 impl Drop for TrainState<'_> {
@@ -354,6 +359,7 @@ impl<'a> TrainState<'a> {
             train_seconds: 0.0,
             eval_tasks: None,
             scratch: None,
+            engine: None,
         };
         let leftovers = if me.dist.is_main() {
             checkpoint::remove_leftovers(me.run_dir.path())
@@ -456,6 +462,17 @@ impl<'a> TrainState<'a> {
             // Lines after the resumed step belong to the lost future.
             truncate_after_step(&me.run_dir.metrics(), me.step as i64)?;
             truncate_after_step(&me.run_dir.samples(), me.step as i64)?;
+        }
+        if me.cfg.rollout.engine == EngineKind::Vllm && me.recipe == Recipe::Rl {
+            let rank = me.dist.rank();
+            let engine = VllmEngine::start(
+                &me.cfg.rollout.vllm,
+                me.policy,
+                &me.run_dir.vllm(rank),
+                &me.run_dir.vllm_log(rank),
+                &mut |m| observer.on_message(m),
+            )?;
+            me.engine = Some(engine);
         }
         Ok(me)
     }

@@ -58,6 +58,10 @@ pub struct UpdateSeq<'s> {
     pub advantage: f64,
     pub passed: bool,
     pub spans: &'s [TokenSpan],
+    /// The engine's `log p` of each completion token as it sampled them
+    /// (empty: not checked). The update compares its own with them and,
+    /// with a TIS cap, weights the policy gradient by their ratio.
+    pub rollout_logprobs: &'s [f32],
 }
 
 /// A micro-batch's tensors, padded to its own longest sequence.
@@ -76,6 +80,10 @@ struct MicroBatch {
     share: BTreeMap<&'static str, f64>,
     reference: Option<Tensor>,
     old: Option<Tensor>,
+    /// `[b, T-1-start]`: the engine's log-probs where `mask` is set.
+    rollout: Option<Tensor>,
+    /// Truncated importance weights of the policy-gradient term.
+    tis: Option<Tensor>,
     /// Set when samples of the micro-batch share prompts and
     /// `[train] shared_prefix` is on.
     prefix: Option<SharedPrefix>,
@@ -183,6 +191,11 @@ fn micro_batch(seqs: &[&UpdateSeq], device: Device, shared_prefix: bool) -> Micr
     let mut valid = vec![false; b * tmax];
     let mut mask = vec![false; b * w];
     let mut sl_mask = vec![false; b * w];
+    let checked = seqs
+        .iter()
+        .all(|s| s.rollout_logprobs.len() == s.completion_ids.len())
+        && seqs.iter().any(|s| !s.rollout_logprobs.is_empty());
+    let mut rollout = vec![0f32; if checked { b * w } else { 0 }];
     for (i, s) in seqs.iter().enumerate() {
         let (p, n) = (s.prompt_ids.len(), s.completion_ids.len());
         for (j, &id) in s.prompt_ids.iter().chain(s.completion_ids).enumerate() {
@@ -192,6 +205,9 @@ fn micro_batch(seqs: &[&UpdateSeq], device: Device, shared_prefix: bool) -> Micr
         for j in p.saturating_sub(1)..(p + n).saturating_sub(1) {
             mask[i * w + j - start] = true;
             sl_mask[i * w + j - start] = s.passed;
+            if checked {
+                rollout[i * w + j - start] = s.rollout_logprobs[j + 1 - p];
+            }
         }
     }
     let (b, t, w) = (b as i64, tmax as i64, w as i64);
@@ -213,6 +229,8 @@ fn micro_batch(seqs: &[&UpdateSeq], device: Device, shared_prefix: bool) -> Micr
         share: BTreeMap::new(),
         reference: None,
         old: None,
+        rollout: checked.then(|| Tensor::from_slice(&rollout).view([b, w]).to_device(device)),
+        tis: None,
         prefix: if shared_prefix {
             SharedPrefix::plan(seqs, start, w as usize, device)
         } else {
@@ -259,6 +277,7 @@ fn mb_loss(
         ref_logprobs: None,
         mask: mb.mask.shallow_clone(),
         advantages: mb.advantages.shallow_clone(),
+        token_weight: mb.tis.as_ref().map(Tensor::shallow_clone),
     };
     let pg = pg_loss(&batch, clip, norm) * mb.share["pg"];
     let fine = fine_grained_loss(logp, &mb.spans, &mb.offsets)
@@ -461,7 +480,8 @@ pub(super) fn seqs_loss_batched(
 /// `seqs[share]` and the gradients are summed over the ranks before
 /// clipping, so every rank takes the one-process step. Returns the first
 /// epoch's loss terms (the on-policy values, summed over the ranks) and
-/// gradient norm.
+/// gradient norm, and, where the sequences carry the engine's log-probs,
+/// the [`Mismatch`] between those and the update's own.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn update(
     policy: &mut Policy,
@@ -472,7 +492,8 @@ pub(super) fn update(
     w: &LossWeights,
     dist: &Group,
     bucket_bytes: usize,
-) -> Result<(BTreeMap<String, f64>, f64), TrainError> {
+    tis_cap: f64,
+) -> Result<(BTreeMap<String, f64>, f64, BTreeMap<String, f64>), TrainError> {
     let share = super::shard::local_seqs(dist, seqs.len(), t.group_size);
     // Forward passes only: backward replays the dtypes they recorded.
     let (dev, ac) = (policy.device(), kind_of(t.autocast));
@@ -490,12 +511,20 @@ pub(super) fn update(
     let clip = (t.ppo_epochs > 1).then_some(t.clip_eps);
     let params = trainable(policy);
     let mut first: Option<(BTreeMap<String, f64>, f64)> = None;
+    let mut mismatch = Mismatch::default();
     for _epoch in 0..t.ppo_epochs {
         zero_grad(&params);
         let mut loss: BTreeMap<String, f64> = BTreeMap::new();
         for mb in micro.iter_mut() {
             let logp = with_autocast(dev, ac, || batch_logprobs(policy, mb, true))??;
-            let old = mb.old.get_or_insert_with(|| logp.detach()).shallow_clone();
+            if mb.old.is_none() {
+                let old = logp.detach();
+                if let Some(r) = &mb.rollout {
+                    mb.tis = mismatch.add(&old, r, &mb.mask, tis_cap);
+                }
+                mb.old = Some(old);
+            }
+            let old = mb.old.as_ref().expect("set above").shallow_clone();
             let (total, parts) = mb_loss(mb, &logp, old, clip, t.normalization, w)?;
             add_terms(&mut loss, with_total(&total, parts));
             if total.requires_grad() {
@@ -513,5 +542,55 @@ pub(super) fn update(
             first = Some((super::shard::sum_terms(dist, loss)?, grad_norm));
         }
     }
-    Ok(first.expect("ppo_epochs >= 1"))
+    let (loss, grad_norm) = first.expect("ppo_epochs >= 1");
+    Ok((loss, grad_norm, mismatch.reduce(dist)?))
+}
+
+/// How far the engine's log-probs of the sampled tokens are from the
+/// trainer's for the same weights: kernels, batching and precision differ
+/// (vLLM's "rollout/train mismatch"). Sums over this rank's tokens.
+#[derive(Default)]
+struct Mismatch {
+    tokens: f64,
+    abs_sum: f64,
+    abs_max: f64,
+    /// k3 estimate of KL(π_rollout ‖ π_train), summed over tokens.
+    kl_sum: f64,
+}
+
+impl Mismatch {
+    /// Count the masked tokens of `train` against `rollout`; with `cap > 0`
+    /// returns the truncated importance weights `min(π_train/π_rollout, cap)`
+    /// (1 off the mask).
+    fn add(&mut self, train: &Tensor, rollout: &Tensor, mask: &Tensor, cap: f64) -> Option<Tensor> {
+        let off = mask.logical_not();
+        let train = train.to_kind(Kind::Float);
+        let d = (&train - rollout).masked_fill(&off, 0.0);
+        let rho = d.exp();
+        self.tokens += mask.sum(Kind::Float).double_value(&[]);
+        self.abs_sum += d.abs().sum(Kind::Double).double_value(&[]);
+        self.abs_max = self.abs_max.max(d.abs().max().double_value(&[]));
+        self.kl_sum += (&rho - 1.0 - &d).sum(Kind::Double).double_value(&[]);
+        (cap > 0.0).then(|| rho.clamp_max(cap).masked_fill(&off, 1.0))
+    }
+
+    /// `mismatch/{abs_mean,abs_max,kl}` over every rank; empty when nothing
+    /// was checked.
+    fn reduce(self, dist: &Group) -> Result<BTreeMap<String, f64>, TrainError> {
+        let mut sums = [self.tokens, self.abs_sum, self.kl_sum];
+        let mut max = [self.abs_max];
+        if dist.world() > 1 {
+            dist.all_reduce_f64(&mut sums, crate::dist::Reduce::Sum)?;
+            dist.all_reduce_f64(&mut max, crate::dist::Reduce::Max)?;
+        }
+        let [n, abs, kl] = sums;
+        if n == 0.0 {
+            return Ok(BTreeMap::new());
+        }
+        Ok(BTreeMap::from([
+            ("abs_mean".to_owned(), abs / n),
+            ("abs_max".to_owned(), max[0]),
+            ("kl".to_owned(), kl / n),
+        ]))
+    }
 }

@@ -31,17 +31,23 @@ pub fn step(
 
     let t0 = Instant::now();
     let lr = s.schedule.lr_at(s.step);
-    let (loss, grad_norm) = update(
+    // Completions from vLLM carry its log-probs: compared with the update's
+    // own every step (and the policy gradient reweighted with a TIS cap).
+    let checked = s.engine.is_some();
+    let (loss, grad_norm, mismatch) = update(
         s.policy,
         s.optimizer.as_mut(),
         &t,
-        &ro.seqs(),
+        &ro.seqs_with(checked),
         lr,
         &t.loss,
         s.dist,
         s.cfg.dist.bucket_bytes(),
+        s.cfg.rollout.vllm.tis_cap,
     )?;
     seconds.insert("update".to_owned(), t0.elapsed().as_secs_f64());
     s.log_samples(samples_log, &ro, &tasks)?;
-    Ok(s.record(lr, loss, grad_norm, &[&ro], seconds))
+    let mut rec = s.record(lr, loss, grad_norm, &[&ro], seconds);
+    rec.mismatch = mismatch;
+    Ok(rec)
 }

@@ -43,10 +43,11 @@ pub fn step(s: &mut TrainState) -> Result<StepRecord, TrainError> {
             advantage: 0.0,
             passed: true,
             spans: &[],
+            rollout_logprobs: &[],
         })
         .collect();
     let lr = s.schedule.lr_at(s.step);
-    let (loss, grad_norm) = update(
+    let (loss, grad_norm, _) = update(
         s.policy,
         s.optimizer.as_mut(),
         &t,
@@ -55,6 +56,7 @@ pub fn step(s: &mut TrainState) -> Result<StepRecord, TrainError> {
         &SFT_LOSS,
         s.dist,
         s.cfg.dist.bucket_bytes(),
+        0.0,
     )?;
     let mut seconds = BTreeMap::new();
     seconds.insert("update".to_owned(), t0.elapsed().as_secs_f64());
@@ -70,5 +72,6 @@ pub fn step(s: &mut TrainState) -> Result<StepRecord, TrainError> {
         grad_norm,
         tokens_generated: 0,
         seconds,
+        mismatch: BTreeMap::new(),
     })
 }

@@ -1,0 +1,929 @@
+//! The vLLM engine behind the [`Generator`] seam (docs/engines.md): a
+//! managed server (vLLM's OpenAI-compatible server as falcon's child), a
+//! client for servers at given URLs, and the engine that keeps a server's
+//! weights on the policy's and generates from it.
+//!
+//! Prompts are encoded here with the policy's own tokenizer and sent as
+//! token ids to `/v1/completions`, so the trainer scores exactly the ids the
+//! server generated from, and each completion comes back with its token ids
+//! and the log-prob of each sampled token under the model's own
+//! distribution (vLLM's `raw_logprobs`, before temperature and top-k/p: the
+//! log-probs the trainer recomputes, so the two can be compared).
+//!
+//! A managed server runs in its own process group with a parent-death
+//! signal, so it goes when falcon goes, however falcon goes (error, Ctrl-C,
+//! SIGKILL). Its log is a file the caller names; every start failure quotes
+//! it.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::generate::encode_prompts;
+use super::TextTokenizer;
+use super::{Completion, Dtype, FinishReason, GenerationParams, Generator, ModelError, Policy};
+use crate::config::VllmConfig;
+
+/// How much of a response body or a log an error message quotes.
+const EXCERPT_CHARS: usize = 600;
+/// vLLM accepts only these `--max-lora-rank` values.
+const VLLM_LORA_RANKS: [usize; 9] = [1, 8, 16, 32, 64, 128, 256, 320, 512];
+/// The name the managed server serves the base model under.
+const BASE_NAME: &str = "base";
+
+/// Where `scripts/setup-vllm` puts its virtualenv's Python.
+pub fn default_python() -> PathBuf {
+    let cache = std::env::var_os("FALCON_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("falcon-rl")))
+        .or_else(|| std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/falcon-rl")))
+        .unwrap_or_else(|| PathBuf::from(".cache/falcon-rl"));
+    cache.join("venv-vllm-0.32.0/bin/python")
+}
+
+/// How to start a managed server.
+#[derive(Debug, Clone)]
+pub struct ServerSpec {
+    pub python: PathBuf,
+    /// An HF model directory (`model::export`).
+    pub model_dir: PathBuf,
+    pub dtype: Dtype,
+    /// 0: a free port.
+    pub port: u16,
+    pub max_model_len: usize,
+    /// LoRA adapters loaded at run time, up to this rank.
+    pub max_lora_rank: Option<usize>,
+    /// `Some(GiB)`: a CPU server with this much KV cache; `None`: CUDA.
+    pub cpu_kv_cache_gib: Option<f64>,
+    pub gpu_memory_utilization: f64,
+    pub extra_args: Vec<String>,
+    /// The server's stdout and stderr go here (appended).
+    pub log: PathBuf,
+    pub start_timeout: Duration,
+}
+
+impl ServerSpec {
+    /// The spec `[rollout.vllm]` implies for serving `model_dir` like `policy`.
+    pub fn from_config(cfg: &VllmConfig, policy: &Policy, model_dir: &Path, log: &Path) -> Self {
+        let python = if cfg.python.is_empty() {
+            default_python()
+        } else {
+            PathBuf::from(&cfg.python)
+        };
+        ServerSpec {
+            python,
+            model_dir: model_dir.to_path_buf(),
+            dtype: policy.dtype,
+            port: cfg.port,
+            max_model_len: cfg.max_model_len,
+            max_lora_rank: policy.lora.as_ref().map(|l| l.rank as usize),
+            cpu_kv_cache_gib: (!policy.device().is_cuda()).then_some(cfg.cpu_kv_cache_gib),
+            gpu_memory_utilization: cfg.gpu_memory_utilization,
+            extra_args: cfg.extra_args.clone(),
+            log: log.to_path_buf(),
+            start_timeout: Duration::from_secs(cfg.start_timeout_s),
+        }
+    }
+
+    /// The server's command line after the interpreter.
+    fn args(&self, port: u16) -> Vec<String> {
+        let mut a: Vec<String> = [
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            &self.model_dir.display().to_string(),
+            "--served-model-name",
+            BASE_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--dtype",
+            self.dtype.hf_name(),
+            "--max-model-len",
+            &self.max_model_len.to_string(),
+            // Log-probs of the model's own distribution (before temperature
+            // and top-k/p), which is what the trainer computes: the check
+            // then compares like with like.
+            "--logprobs-mode",
+            "raw_logprobs",
+            "--disable-uvicorn-access-log",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if let Some(r) = self.max_lora_rank {
+            let r = VLLM_LORA_RANKS
+                .iter()
+                .copied()
+                .find(|&k| k >= r)
+                .unwrap_or(r);
+            a.extend(
+                ["--enable-lora", "--max-loras", "2", "--max-lora-rank"]
+                    .iter()
+                    .map(|s| s.to_string()),
+            );
+            a.push(r.to_string());
+        }
+        if self.cpu_kv_cache_gib.is_none() {
+            a.push("--gpu-memory-utilization".into());
+            a.push(self.gpu_memory_utilization.to_string());
+        }
+        a.extend(self.extra_args.iter().cloned());
+        a
+    }
+}
+
+/// A vLLM server started by falcon. Dropping it stops it.
+#[derive(Debug)]
+pub struct VllmServer {
+    child: Child,
+    url: String,
+    log: PathBuf,
+    /// Where this start's output begins in the log.
+    log_start: u64,
+}
+
+impl VllmServer {
+    /// Start the server and wait until `/health` answers. Fails, quoting the
+    /// end of the log, as soon as the server exits, or at the start timeout;
+    /// `progress` hears how long it has waited, every 15 s.
+    pub fn start(spec: &ServerSpec, progress: &mut dyn FnMut(&str)) -> Result<Self, ModelError> {
+        if !spec.python.is_file() {
+            return Err(ModelError::Invalid(format!(
+                "vLLM's Python {} does not exist: run scripts/setup-vllm (or set [rollout.vllm] python)",
+                spec.python.display()
+            )));
+        }
+        if !spec.model_dir.join("config.json").is_file() {
+            return Err(ModelError::Invalid(format!(
+                "{}: not an HF model directory (no config.json) for vLLM to serve",
+                spec.model_dir.display()
+            )));
+        }
+        let port = if spec.port == 0 {
+            free_port()?
+        } else {
+            spec.port
+        };
+        if let Some(dir) = spec.log.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&spec.log)
+            .map_err(|e| ModelError::io(&spec.log, e))?;
+        let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
+        let err_log = log.try_clone().map_err(|e| ModelError::io(&spec.log, e))?;
+        let mut cmd = Command::new(&spec.python);
+        cmd.args(spec.args(port))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err_log)
+            .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+            // `/collective_rpc` and `/reset_prefix_cache`: full-weight sync.
+            .env("VLLM_SERVER_DEV_MODE", "1")
+            .env("VLLM_NO_USAGE_STATS", "1")
+            .env("DO_NOT_TRACK", "1")
+            .env("HF_HUB_OFFLINE", "1");
+        if let Some(gib) = spec.cpu_kv_cache_gib {
+            // Else vLLM reserves 92% of the machine for its KV cache.
+            cmd.env("VLLM_CPU_KVCACHE_SPACE", format!("{}", gib.ceil().max(1.0)));
+        }
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: between fork and exec only async-signal-safe calls
+        // (setpgid, prctl, getppid, _exit).
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(move || {
+                // Its own group, so stopping it stops vLLM's engine and
+                // worker processes too.
+                libc::setpgid(0, 0);
+                // SIGTERM when falcon dies, however it dies; vLLM then
+                // stops its own children.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| ModelError::Invalid(format!("starting {}: {e}", spec.python.display())))?;
+        let mut server = VllmServer {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            log: spec.log.clone(),
+            log_start,
+        };
+        let t0 = Instant::now();
+        let mut told = 0;
+        let agent = agent(Duration::from_secs(5));
+        loop {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                return Err(server.failed(&format!("exited ({status}) while starting")));
+            }
+            if let Ok(r) = agent.get(format!("{}/health", server.url)).call() {
+                if r.status().as_u16() == 200 {
+                    return Ok(server);
+                }
+            }
+            let waited = t0.elapsed();
+            if waited >= spec.start_timeout {
+                let e = server.failed(&format!(
+                    "did not answer /health within {} s ([rollout.vllm] start_timeout_s)",
+                    spec.start_timeout.as_secs()
+                ));
+                server.stop();
+                return Err(e);
+            }
+            if waited.as_secs() / 15 > told {
+                told = waited.as_secs() / 15;
+                progress(&format!(
+                    "waiting for vLLM at {} ({} s; log {})",
+                    server.url,
+                    waited.as_secs(),
+                    server.log.display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// The server's process id (its process group's too).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the server process still runs.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The error for a server that failed: `what`, the log's path and its
+    /// last lines since this start.
+    fn failed(&self, what: &str) -> ModelError {
+        ModelError::Invalid(format!(
+            "vLLM server {what}; its log is {}; it ends with: {}",
+            self.log.display(),
+            log_tail(&self.log, self.log_start)
+        ))
+    }
+
+    /// SIGTERM to the server's process group, SIGKILL after 20 s; waits.
+    pub fn stop(&mut self) {
+        let pgid = self.child.id() as libc::pid_t;
+        // SAFETY: signalling our own child's group.
+        unsafe { libc::killpg(pgid, libc::SIGTERM) };
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(20) {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // Whatever of the group is left (the engine core outliving its
+        // parent, or a server that ignored SIGTERM).
+        unsafe { libc::killpg(pgid, libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for VllmServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn free_port() -> Result<u16, ModelError> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| ModelError::Invalid(format!("finding a free port for vLLM: {e}")))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| ModelError::Invalid(format!("finding a free port for vLLM: {e}")))
+}
+
+/// The last lines of `path` written after byte `since`: error lines first
+/// when there are any (a Python traceback ends with the one that matters).
+fn log_tail(path: &Path, since: u64) -> String {
+    let mut text = String::new();
+    if let Ok(mut f) = File::open(path) {
+        let _ = f.seek(SeekFrom::Start(since));
+        let _ = f.take(1 << 20).read_to_string(&mut text);
+    }
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let errors: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.contains("Error") || l.contains("ERROR"))
+        .collect();
+    let pick = if errors.is_empty() { &lines } else { &errors };
+    let tail = pick[pick.len().saturating_sub(3)..].join(" | ");
+    if tail.is_empty() {
+        "(nothing)".into()
+    } else {
+        crate::text::body_excerpt(&tail, EXCERPT_CHARS)
+    }
+}
+
+fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+/// A client for one or more vLLM servers (requests spread over them).
+#[derive(Debug)]
+pub struct VllmClient {
+    urls: Vec<String>,
+    agent: ureq::Agent,
+    parallel: usize,
+    next: AtomicUsize,
+}
+
+impl VllmClient {
+    pub fn new(urls: &[String], request_timeout: Duration, parallel: usize) -> Self {
+        VllmClient {
+            urls: urls
+                .iter()
+                .map(|u| {
+                    let u = u.trim_end_matches('/');
+                    u.strip_suffix("/v1").unwrap_or(u).to_owned()
+                })
+                .collect(),
+            agent: agent(request_timeout),
+            parallel: parallel.max(1),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn urls(&self) -> &[String] {
+        &self.urls
+    }
+
+    /// POST `body` to `path` on `url`; the JSON answer, or an error quoting it.
+    fn post(&self, url: &str, path: &str, body: &Value) -> Result<Value, ModelError> {
+        let at = format!("{url}{path}");
+        let fail = |what: String| ModelError::Invalid(format!("POST {at}: {what}"));
+        let mut resp = self
+            .agent
+            .post(&at)
+            .header("Content-Type", "application/json")
+            .send(body.to_string())
+            .map_err(|e| fail(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| fail(format!("HTTP {status}, reading the body: {e}")))?;
+        if !(200..300).contains(&status) {
+            return Err(fail(format!(
+                "HTTP {status}: {}",
+                crate::text::body_excerpt(&text, EXCERPT_CHARS)
+            )));
+        }
+        if text.trim().is_empty() {
+            return Ok(Value::Null);
+        }
+        Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    /// The model names each server serves (`GET /v1/models`), first server's.
+    pub fn models(&self) -> Result<Vec<String>, ModelError> {
+        let url = format!("{}/v1/models", self.urls[0]);
+        let mut resp = self
+            .agent
+            .get(&url)
+            .call()
+            .map_err(|e| ModelError::Invalid(format!("GET {url}: {e}")))?;
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| ModelError::Invalid(format!("GET {url}: {e}")))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| {
+            ModelError::Invalid(format!(
+                "GET {url}: not JSON ({e}): {}",
+                crate::text::body_excerpt(&text, EXCERPT_CHARS)
+            ))
+        })?;
+        Ok(v["data"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|m| m["id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// Load the PEFT adapter at `dir` as `name` on every server.
+    pub fn load_adapter(&self, name: &str, dir: &Path) -> Result<(), ModelError> {
+        let body = json!({"lora_name": name, "lora_path": dir.display().to_string()});
+        for u in &self.urls {
+            self.post(u, "/v1/load_lora_adapter", &body)?;
+        }
+        Ok(())
+    }
+
+    /// Unload adapter `name` from every server.
+    pub fn unload_adapter(&self, name: &str) -> Result<(), ModelError> {
+        let body = json!({"lora_name": name});
+        for u in &self.urls {
+            self.post(u, "/v1/unload_lora_adapter", &body)?;
+        }
+        Ok(())
+    }
+
+    /// Reload full weights from the HF directory `dir` on every server, then
+    /// drop its prefix cache, whose blocks were computed with the old ones
+    /// (vLLM does not drop them itself). Needs `VLLM_SERVER_DEV_MODE=1`.
+    pub fn reload_weights(&self, dir: &Path) -> Result<(), ModelError> {
+        let body = json!({"method": "reload_weights",
+                          "kwargs": {"weights_path": dir.display().to_string()}});
+        for u in &self.urls {
+            self.post(u, "/collective_rpc", &body)?;
+            self.post(u, "/reset_prefix_cache", &json!({}))?;
+        }
+        Ok(())
+    }
+
+    /// One completion of `prompt` (token ids) from `model`; `seed` when the
+    /// sampling is seeded.
+    pub fn complete(
+        &self,
+        url: &str,
+        model: &str,
+        prompt: &[i64],
+        params: &GenerationParams,
+        seed: Option<u64>,
+    ) -> Result<Completion, ModelError> {
+        let s = &params.sampler;
+        let mut body = json!({
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": params.max_new_tokens,
+            "temperature": s.temperature.max(0.0),
+            "top_p": s.top_p,
+            "top_k": if s.top_k > 0 { s.top_k } else { -1 },
+            // The sampled token's log-prob only.
+            "logprobs": 0,
+            "return_token_ids": true,
+            "ignore_eos": params.ignore_eos,
+        });
+        if !params.stop.is_empty() {
+            body["stop"] = json!(params.stop);
+        }
+        if let Some(seed) = seed {
+            body["seed"] = json!(seed);
+        }
+        let v = self.post(url, "/v1/completions", &body)?;
+        let bad = |what: &str| {
+            ModelError::Invalid(format!(
+                "POST {url}/v1/completions: {what}: {}",
+                crate::text::body_excerpt(&v.to_string(), EXCERPT_CHARS)
+            ))
+        };
+        let resp: CompletionResponse = serde_json::from_value(v.clone())
+            .map_err(|e| bad(&format!("unexpected answer ({e})")))?;
+        let c = resp
+            .choices
+            .into_iter()
+            .next()
+            .ok_or_else(|| bad("no choices"))?;
+        let token_ids = c
+            .token_ids
+            .ok_or_else(|| bad("no token_ids (a vLLM older than 0.10 does not return them)"))?;
+        let logprobs: Vec<f32> = c
+            .logprobs
+            .map(|l| {
+                l.token_logprobs
+                    .into_iter()
+                    .map(|x| x.unwrap_or(f64::NEG_INFINITY) as f32)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if logprobs.len() != token_ids.len() {
+            return Err(bad(&format!(
+                "{} log-probs for {} tokens",
+                logprobs.len(),
+                token_ids.len()
+            )));
+        }
+        let finish = match c.finish_reason.as_deref() {
+            Some("length") => FinishReason::Length,
+            _ => match c.stop_reason {
+                Some(Value::String(s)) => FinishReason::Stop(s),
+                _ => FinishReason::Eos,
+            },
+        };
+        Ok(Completion {
+            text: c.text,
+            prompt_ids: prompt.to_vec(),
+            token_ids,
+            logprobs,
+            finish,
+        })
+    }
+
+    /// One completion per prompt, `parallel` requests in flight, spread
+    /// over the servers; row i is seeded `row_seed(seed, row_offset + i)`.
+    pub fn complete_all(
+        &self,
+        model: &str,
+        prompts: &[Vec<i64>],
+        params: &GenerationParams,
+    ) -> Result<Vec<Completion>, ModelError> {
+        let n = prompts.len();
+        let out: Vec<Mutex<Option<Result<Completion, ModelError>>>> =
+            (0..n).map(|_| Mutex::new(None)).collect();
+        let next = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..self.parallel.min(n) {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n {
+                        break;
+                    }
+                    let k = self.next.fetch_add(1, Ordering::Relaxed) % self.urls.len();
+                    let seed = params
+                        .seed
+                        .map(|s| row_seed(s, params.row_offset + i as u64));
+                    let r = self.complete(&self.urls[k], model, &prompts[i], params, seed);
+                    *out[i].lock().expect("not poisoned") = Some(r);
+                });
+            }
+        });
+        out.into_iter()
+            .map(|m| {
+                m.into_inner()
+                    .expect("not poisoned")
+                    .expect("every row ran")
+            })
+            .collect()
+    }
+}
+
+/// The seed of row `row` of a call seeded `seed`: rows differ, and a row
+/// draws the same wherever it is sent (a data-parallel shard's rows).
+pub fn row_seed(seed: u64, row: u64) -> u64 {
+    let mut z = seed ^ row.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    // vLLM takes any int; below 2^63 for every JSON reader on the way.
+    (z ^ (z >> 31)) >> 1
+}
+
+#[derive(Deserialize)]
+struct CompletionResponse {
+    choices: Vec<CompletionChoice>,
+}
+
+#[derive(Deserialize)]
+struct CompletionChoice {
+    text: String,
+    #[serde(default)]
+    token_ids: Option<Vec<i64>>,
+    #[serde(default)]
+    logprobs: Option<ChoiceLogprobs>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+    #[serde(default)]
+    stop_reason: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceLogprobs {
+    token_logprobs: Vec<Option<f64>>,
+}
+
+/// The vLLM engine: a managed server or given URLs, the model name requests
+/// use, and which policy version the servers hold.
+pub struct VllmEngine {
+    server: Option<VllmServer>,
+    /// How the managed server was started, to start it again.
+    spec: Option<ServerSpec>,
+    client: VllmClient,
+    tokenizer: TextTokenizer,
+    /// Where adapters and full weights for the servers are written.
+    work: PathBuf,
+    /// The base model's served name.
+    base: String,
+    /// The adapter requests name (LoRA), with its directory.
+    adapter: Option<(String, PathBuf)>,
+    lora: bool,
+    synced: Option<u64>,
+}
+
+impl std::fmt::Debug for VllmEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VllmEngine")
+            .field("urls", &self.client.urls)
+            .field("managed", &self.server.is_some())
+            .field("adapter", &self.adapter)
+            .field("synced", &self.synced)
+            .finish()
+    }
+}
+
+impl VllmEngine {
+    /// Start (managed) or reach (`urls`) the servers for `policy`, with
+    /// `work` for what the servers read (base model, adapters, weights) and
+    /// `log` for a managed server's output. The servers hold no policy
+    /// version until [`VllmEngine::sync`].
+    pub fn start(
+        cfg: &VllmConfig,
+        policy: &Policy,
+        work: &Path,
+        log: &Path,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Self, ModelError> {
+        let tokenizer = policy.tokenizer()?.clone();
+        let lora = policy.lora.is_some();
+        std::fs::create_dir_all(work).map_err(|e| ModelError::io(work, e))?;
+        // Absolute, because the server resolves paths from its own cwd.
+        let work = std::fs::canonicalize(work).map_err(|e| ModelError::io(work, e))?;
+        let timeout = Duration::from_secs(cfg.request_timeout_s);
+        let (server, client, base) = if cfg.managed() {
+            let dir = work.join(if lora { "base" } else { "weights" });
+            progress(&format!("writing the model for vLLM to {}", dir.display()));
+            if lora {
+                super::export::export_hf_base(policy, &dir, policy.dtype, true)?;
+            } else {
+                super::export::export_hf(policy, &dir, policy.dtype, true)?;
+            }
+            let spec = ServerSpec::from_config(cfg, policy, &dir, log);
+            progress(&format!(
+                "starting vLLM ({} {}); log {}",
+                spec.python.display(),
+                spec.args(0)[1],
+                log.display()
+            ));
+            let t0 = Instant::now();
+            let server = VllmServer::start(&spec, progress)?;
+            progress(&format!(
+                "vLLM ready at {} in {:.0} s",
+                server.url(),
+                t0.elapsed().as_secs_f64()
+            ));
+            let client = VllmClient::new(
+                &[server.url().to_owned()],
+                timeout,
+                cfg.max_parallel_requests,
+            );
+            (Some((server, spec)), client, BASE_NAME.to_owned())
+        } else {
+            let client = VllmClient::new(&cfg.urls, timeout, cfg.max_parallel_requests);
+            let models = client.models()?;
+            let base = models.first().cloned().ok_or_else(|| {
+                ModelError::Invalid(format!("{}: serves no model", client.urls[0]))
+            })?;
+            (None, client, base)
+        };
+        let (server, spec) = server.unzip();
+        Ok(VllmEngine {
+            server,
+            spec,
+            client,
+            tokenizer,
+            work,
+            base,
+            adapter: None,
+            lora,
+            synced: None,
+        })
+    }
+
+    /// The managed server, if falcon started one.
+    pub fn server(&mut self) -> Option<&mut VllmServer> {
+        self.server.as_mut()
+    }
+
+    /// The servers' base URLs.
+    pub fn urls(&self) -> &[String] {
+        self.client.urls()
+    }
+
+    /// The model name requests name: the current adapter, else the base.
+    pub fn model_name(&self) -> &str {
+        self.adapter
+            .as_ref()
+            .map(|a| a.0.as_str())
+            .unwrap_or(&self.base)
+    }
+
+    /// The policy version the servers hold.
+    pub fn synced(&self) -> Option<u64> {
+        self.synced
+    }
+
+    /// Bring the servers to `policy` as version `version`, unless they
+    /// already hold it; returns the seconds it took (0 when nothing was
+    /// done). LoRA: the adapter is written to a new directory under a new
+    /// name, loaded, and the previous one unloaded and deleted, so no stale
+    /// prefix-cache block or adapter outlives its step. Full weights: a
+    /// merged directory reloaded in place, and the prefix cache reset.
+    pub fn sync(&mut self, policy: &Policy, version: u64) -> Result<f64, ModelError> {
+        if self.synced == Some(version) {
+            return Ok(0.0);
+        }
+        let t0 = Instant::now();
+        if self.lora {
+            let name = format!("policy-v{version}");
+            let dir = self.work.join("adapters").join(&name);
+            super::export::export_peft(policy, &dir, true)?;
+            self.client.load_adapter(&name, &dir)?;
+            if let Some((old, old_dir)) = self.adapter.replace((name, dir)) {
+                self.client.unload_adapter(&old)?;
+                let _ = std::fs::remove_dir_all(old_dir);
+            }
+        } else {
+            let dir = self.work.join("weights");
+            super::export::export_hf(policy, &dir, policy.dtype, true)?;
+            self.client.reload_weights(&dir)?;
+        }
+        self.synced = Some(version);
+        Ok(t0.elapsed().as_secs_f64())
+    }
+
+    /// Generate from the servers; a managed server found dead is started
+    /// again once (same port, so the client's URL holds), brought to
+    /// `policy` as `version`, and asked again. An error from a server that
+    /// lives, or from the second try, is returned.
+    pub fn generate_or_restart(
+        &mut self,
+        policy: &Policy,
+        version: u64,
+        prompts: &[String],
+        params: &GenerationParams,
+    ) -> Result<Vec<Completion>, ModelError> {
+        let dead = |e: &mut Self| e.server.as_mut().is_some_and(|s| !s.alive());
+        if !dead(self) {
+            match self.generate(prompts, params) {
+                Ok(c) => return Ok(c),
+                Err(e) if !dead(self) => return Err(e),
+                Err(_) => {}
+            }
+        }
+        let (Some(server), Some(spec)) = (self.server.take(), self.spec.as_mut()) else {
+            unreachable!("only a managed server is found dead")
+        };
+        let why = server.failed("died");
+        // The port it had, so requests keep their URL.
+        spec.port = server
+            .url()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        drop(server);
+        eprintln!("falcon: {why}; starting it again (once)");
+        let server = VllmServer::start(spec, &mut |m| eprintln!("falcon: {m}"))
+            .map_err(|e| ModelError::Invalid(format!("{why}; starting it again failed: {e}")))?;
+        self.server = Some(server);
+        self.adapter = None;
+        self.synced = None;
+        self.sync(policy, version)?;
+        self.generate(prompts, params)
+    }
+}
+
+impl Generator for VllmEngine {
+    fn generate(
+        &self,
+        prompts: &[String],
+        params: &GenerationParams,
+    ) -> Result<Vec<Completion>, ModelError> {
+        let ids = encode_prompts(&self.tokenizer, prompts, params)?;
+        self.client.complete_all(self.model_name(), &ids, params)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_seeds_differ_by_row_and_fit_i64() {
+        let a: Vec<u64> = (0..64).map(|r| row_seed(7, r)).collect();
+        let mut b = a.clone();
+        b.sort();
+        b.dedup();
+        assert_eq!(b.len(), a.len());
+        assert!(a.iter().all(|&s| s < (1 << 63)));
+        assert_ne!(row_seed(7, 0), row_seed(8, 0));
+    }
+
+    #[test]
+    fn lora_rank_rounds_up_to_one_vllm_takes() {
+        let spec = ServerSpec {
+            python: "python".into(),
+            model_dir: "m".into(),
+            dtype: Dtype::Fp32,
+            port: 1,
+            max_model_len: 64,
+            max_lora_rank: Some(12),
+            cpu_kv_cache_gib: Some(1.0),
+            gpu_memory_utilization: 0.3,
+            extra_args: vec!["--seed".into(), "3".into()],
+            log: "l".into(),
+            start_timeout: Duration::from_secs(1),
+        };
+        let a = spec.args(9);
+        let at = a.iter().position(|x| x == "--max-lora-rank").unwrap();
+        assert_eq!(a[at + 1], "16");
+        assert_eq!(&a[a.len() - 2..], &["--seed", "3"]);
+        assert!(!a.iter().any(|x| x == "--gpu-memory-utilization"));
+    }
+
+    #[test]
+    fn a_missing_python_or_model_is_named_before_anything_starts() {
+        let d = std::env::temp_dir().join(format!("falcon-vllm-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let mut spec = ServerSpec {
+            python: d.join("no-python"),
+            model_dir: d.clone(),
+            dtype: Dtype::Fp32,
+            port: 0,
+            max_model_len: 64,
+            max_lora_rank: None,
+            cpu_kv_cache_gib: Some(1.0),
+            gpu_memory_utilization: 0.3,
+            extra_args: vec![],
+            log: d.join("server.log"),
+            start_timeout: Duration::from_secs(5),
+        };
+        let e = VllmServer::start(&spec, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("scripts/setup-vllm"), "{e}");
+        spec.python = PathBuf::from("/bin/sh");
+        let e = VllmServer::start(&spec, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no config.json"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_server_that_exits_is_reported_with_its_log_at_once() {
+        // /bin/sh stands in for Python only to exit at once with a message:
+        // what is checked is falcon's side (exit noticed, log quoted).
+        let d = std::env::temp_dir().join(format!("falcon-vllm-exit-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("config.json"), "{}").unwrap();
+        let script = d.join("fake-python");
+        std::fs::write(
+            &script,
+            "#!/bin/sh\necho 'ValueError: no such model' >&2\nexit 3\n",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let spec = ServerSpec {
+            python: script,
+            model_dir: d.clone(),
+            dtype: Dtype::Fp32,
+            port: 0,
+            max_model_len: 64,
+            max_lora_rank: None,
+            cpu_kv_cache_gib: Some(1.0),
+            gpu_memory_utilization: 0.3,
+            extra_args: vec![],
+            log: d.join("server.log"),
+            start_timeout: Duration::from_secs(60),
+        };
+        let t0 = Instant::now();
+        let e = VllmServer::start(&spec, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "took {:?}",
+            t0.elapsed()
+        );
+        assert!(e.contains("exited"), "{e}");
+        assert!(e.contains("ValueError: no such model"), "{e}");
+        assert!(e.contains("server.log"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
