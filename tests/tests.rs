@@ -23,3 +23,4 @@ mod python_roundtrip;
 mod sandbox_service;
 mod strategies;
 mod train;
+mod vllm;
