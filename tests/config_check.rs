@@ -109,7 +109,7 @@ fn config_check_and_the_trainer_accept_the_same_configs() {
 
     // The mistakes of a new user's first hour: each refused by both.
     type Mistake = (&'static str, &'static str, Job, fn(&mut RunConfig));
-    let mistakes: [Mistake; 9] = [
+    let mistakes: [Mistake; 12] = [
         (
             "a warm-up longer than the run",
             "demo-sft.toml",
@@ -178,6 +178,31 @@ fn config_check_and_the_trainer_accept_the_same_configs() {
         ("no task file at all", "demo.toml", Job::Train, |c| {
             c.train.init_from = None;
             c.tasks.path = None;
+        }),
+        (
+            "meta-RL with the vLLM engine",
+            "demo.toml",
+            Job::Train,
+            |c| {
+                c.train.init_from = None;
+                c.meta.algorithm = falcon_rl::config::MetaAlgorithm::Fomaml;
+                c.rollout.engine = falcon_rl::config::EngineKind::Vllm;
+            },
+        ),
+        (
+            "full fine-tuning on external vLLM servers",
+            "demo.toml",
+            Job::Train,
+            |c| {
+                c.train.init_from = None;
+                c.meta.algorithm = falcon_rl::config::MetaAlgorithm::Off;
+                c.model.lora.enabled = false;
+                c.rollout.engine = falcon_rl::config::EngineKind::Vllm;
+                c.rollout.vllm.urls = vec!["http://127.0.0.1:8000".into()];
+            },
+        ),
+        ("the vLLM engine for SFT", "demo-sft.toml", Job::Sft, |c| {
+            c.rollout.engine = falcon_rl::config::EngineKind::Vllm;
         }),
     ];
     for (case, base, job, mistake) in mistakes {

@@ -101,10 +101,17 @@ fn lora() -> LoraConfig {
         rank: 8,
         alpha: 16.0,
         dropout: 0.0,
-        targets: ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+        targets: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "up_proj",
+            "down_proj",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
     }
 }
 
@@ -128,6 +135,7 @@ fn exports_serve_unchanged_in_vllm_and_the_adapter_follows_each_step() {
     let mut engine = VllmEngine::start(
         &cfg,
         &policy,
+        0,
         &work.path().join("vllm"),
         &log,
         &mut |m| eprintln!("{m}"),
@@ -140,7 +148,11 @@ fn exports_serve_unchanged_in_vllm_and_the_adapter_follows_each_step() {
     engine.sync(&policy, 1).unwrap();
     assert_eq!(engine.model_name(), "policy-v1");
     let v1 = engine.generate(&prompts, &params).unwrap();
-    assert_same("adapter v1", &v1, &policy.generate(&prompts, &params).unwrap());
+    assert_same(
+        "adapter v1",
+        &v1,
+        &policy.generate(&prompts, &params).unwrap(),
+    );
     // A second sync of the same version does nothing.
     assert_eq!(engine.sync(&policy, 1).unwrap(), 0.0);
 
@@ -155,10 +167,13 @@ fn exports_serve_unchanged_in_vllm_and_the_adapter_follows_each_step() {
         v1.iter().zip(&v2).any(|(a, b)| a.token_ids != b.token_ids),
         "step 2's adapter changed no output: the check could not tell the steps apart"
     );
-    let client = VllmClient::new(&engine.urls().to_vec(), Duration::from_secs(60), 1);
+    let client = VllmClient::new(engine.urls(), Duration::from_secs(60), 1);
     let models = client.models().unwrap();
     assert!(models.contains(&"policy-v2".to_owned()), "{models:?}");
-    assert!(!models.contains(&"policy-v1".to_owned()), "adapters pile up: {models:?}");
+    assert!(
+        !models.contains(&"policy-v1".to_owned()),
+        "adapters pile up: {models:?}"
+    );
     assert!(!work.path().join("vllm/adapters/policy-v1").exists());
 
     // The same adapter as `falcon export --peft` writes it, loaded by name.
@@ -172,7 +187,11 @@ fn exports_serve_unchanged_in_vllm_and_the_adapter_follows_each_step() {
     // (a) the base model as exported (the engine's base directory).
     let base = embedded(None);
     let served = client.complete_all("base", &ids, &params).unwrap();
-    assert_same("base export", &served, &base.generate(&prompts, &params).unwrap());
+    assert_same(
+        "base export",
+        &served,
+        &base.generate(&prompts, &params).unwrap(),
+    );
 
     // (b) the merged export, as full weights: after the reload (and the
     // prefix-cache reset) the base name serves the merged model.
@@ -270,14 +289,21 @@ fn a_sigkilled_run_leaves_no_server_and_resumes_on_a_new_one() {
         .filter(|p| p.2.contains(&needle))
         .map(|p| p.1)
         .collect();
-    assert!(!groups.is_empty(), "no vLLM process found while the run trained");
+    assert!(
+        !groups.is_empty(),
+        "no vLLM process found while the run trained"
+    );
     let members = || -> Vec<(u32, u32, String)> {
         processes()
             .into_iter()
             .filter(|p| groups.contains(&p.1))
             .collect()
     };
-    assert!(members().len() >= 2, "the engine runs in the server's group: {:?}", members());
+    assert!(
+        members().len() >= 2,
+        "the engine runs in the server's group: {:?}",
+        members()
+    );
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     let t1 = Instant::now();
@@ -313,6 +339,9 @@ fn a_sigkilled_run_leaves_no_server_and_resumes_on_a_new_one() {
         let mean = m["abs_mean"].as_f64().expect("mismatch logged");
         assert!(mean < 1e-3, "rollout/train log-probs disagree: {m}");
     }
-    let left: Vec<_> = processes().into_iter().filter(|p| p.2.contains(&needle)).collect();
+    let left: Vec<_> = processes()
+        .into_iter()
+        .filter(|p| p.2.contains(&needle))
+        .collect();
     assert!(left.is_empty(), "a finished run left a server: {left:?}");
 }

@@ -10,9 +10,10 @@ use std::path::{Path, PathBuf};
 
 use super::{eval_tasks, evaluate_in_groups, evaluate_strategy, seed_of};
 use super::{EvalError, EvalResult, EvalSpec, Partial};
-use crate::config::{GeneratorSource, RunConfig, StrategyKind};
+use crate::config::{EngineKind, GeneratorSource, RunConfig, StrategyKind};
 use crate::exec::Sandbox;
 use crate::model::openai::OpenAiGenerator;
+use crate::model::vllm::VllmEngine;
 use crate::model::{Generator, Policy};
 use crate::rollout::{self, Use};
 use crate::run_dir::Start;
@@ -122,6 +123,38 @@ pub fn run(
     };
     let answer_server = server(&cfg.strategy.generator)?;
     let reflect_server = server(&cfg.memory.reflector)?;
+    // `[rollout] engine = "vllm"`: what the policy generates goes through
+    // vLLM, serving the policy as loaded (its adapter, or merged weights).
+    let mut scratch = Scratch(None);
+    let engine = match (cfg.rollout.engine, policy) {
+        (EngineKind::Vllm, Some(p)) => {
+            let work = match out {
+                Some(o) => PathBuf::from(format!("{}.vllm", o.display())),
+                None => {
+                    let d = std::env::temp_dir()
+                        .join(format!("falcon-eval-vllm-{}", std::process::id()));
+                    scratch.0 = Some(d.clone());
+                    d
+                }
+            };
+            let mut e = VllmEngine::start(
+                &cfg.rollout.vllm,
+                p,
+                0,
+                &work,
+                &work.join("server.log"),
+                &mut |m| progress.message(m),
+            )?;
+            e.sync(p, 0)?;
+            Some(e)
+        }
+        _ => None,
+    };
+    let policy: Option<&dyn Generator> = match (&engine, policy) {
+        (Some(e), _) => Some(e),
+        (None, Some(p)) => Some(p),
+        (None, None) => None,
+    };
     let generator = pick(&answer_server, policy)?;
     let reflector = pick(&reflect_server, policy)?;
     let sandbox = Sandbox::new(&cfg.exec)?;
@@ -199,10 +232,21 @@ pub fn run(
     )
 }
 
+/// A directory removed when the evaluation ends, however it ends.
+struct Scratch(Option<PathBuf>);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
 /// The server when a source names one, else the policy.
 fn pick<'a>(
     server: &'a Option<OpenAiGenerator>,
-    policy: Option<&'a Policy>,
+    policy: Option<&'a dyn Generator>,
 ) -> Result<&'a dyn Generator, EvalError> {
     match (server, policy) {
         (Some(s), _) => Ok(s),

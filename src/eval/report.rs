@@ -72,6 +72,10 @@ pub struct StepMetrics {
     pub grad_norm: Option<f64>,
     #[serde(default)]
     pub lr: Option<f64>,
+    /// The vLLM engine's log-probs against the update's (`abs_mean`,
+    /// `abs_max`, `kl`); empty for the native engine.
+    #[serde(default)]
+    pub mismatch: BTreeMap<String, Option<f64>>,
 }
 
 impl StepMetrics {
@@ -1051,6 +1055,15 @@ pub fn loss_chart(data: &RunData) -> Option<LineChart> {
             percent: false,
         });
     }
+    let mismatch = term_series(&data.metrics, |m| &m.mismatch);
+    if !mismatch.is_empty() {
+        panels.push(Panel {
+            title: "Rollout engine vs trainer: |Δ log p| and KL per token".into(),
+            x_label: "step".into(),
+            series: mismatch,
+            percent: false,
+        });
+    }
     Some(LineChart {
         title: "Losses".into(),
         panels,
@@ -1467,6 +1480,27 @@ mod tests {
             "grad_norm": 0.3, "lr": 1e-4, "tokens_generated": 100
         })
         .to_string()
+    }
+
+    #[test]
+    fn the_engine_mismatch_gets_a_panel_only_when_logged() {
+        let plain: StepMetrics = serde_json::from_str(&step_line(0, 0.5)).unwrap();
+        let mut with = plain.clone();
+        with.mismatch = [
+            ("abs_mean".to_owned(), Some(3e-6)),
+            ("kl".to_owned(), Some(1e-9)),
+        ]
+        .into();
+        let data = |m: StepMetrics| RunData {
+            metrics: vec![m],
+            ..RunData::default()
+        };
+        let panels = |d: &RunData| loss_chart(d).unwrap().panels;
+        assert_eq!(panels(&data(plain)).len(), 2);
+        let p = panels(&data(with));
+        assert_eq!(p.len(), 3);
+        assert!(p[2].title.contains("log p"), "{}", p[2].title);
+        assert_eq!(p[2].series.len(), 2);
     }
 
     /// A result built from JSON with only the fields every version of the

@@ -4,8 +4,8 @@
 //! adapter weights swapped in, or K sets of them stacked, for meta-learning.
 //!
 //! [`Generator`] is the seam rollouts and LM judges call; [`Policy`]
-//! implements it on the local model, and an OpenAI-compatible HTTP client
-//! can implement it later behind the same trait.
+//! implements it on the local model (the native engine), and
+//! [`super::openai`] and [`super::vllm`] behind the same trait.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -4,7 +4,9 @@
 //! shared-prefix scoring of completions (`Decoder::shared_prefix_logprobs`,
 //! through the fused log-prob of `crate::kernels` where it applies),
 //! mixed precision (`autocast`), the [`Generator`] trait that rollouts
-//! and judges call, and [`open`], the one loader every command uses.
+//! and judges call with its other engines (an OpenAI-compatible client,
+//! vLLM servers managed or given by URL), and [`open`], the one loader
+//! every command uses.
 //!
 //! Parameter names in the `VarStore` are the HF safetensors keys, so loading
 //! and exporting need no renaming table (STYLE.md §1).

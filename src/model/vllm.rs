@@ -83,7 +83,7 @@ impl ServerSpec {
             dtype: policy.dtype,
             port: cfg.port,
             max_model_len: cfg.max_model_len,
-            max_lora_rank: policy.lora.as_ref().map(|l| l.rank as usize),
+            max_lora_rank: policy.lora.as_ref().map(|l| l.rank),
             cpu_kv_cache_gib: (!policy.device().is_cuda()).then_some(cfg.cpu_kv_cache_gib),
             gpu_memory_utilization: cfg.gpu_memory_utilization,
             extra_args: cfg.extra_args.clone(),
@@ -648,11 +648,13 @@ impl std::fmt::Debug for VllmEngine {
 impl VllmEngine {
     /// Start (managed) or reach (`urls`) the servers for `policy`, with
     /// `work` for what the servers read (base model, adapters, weights) and
-    /// `log` for a managed server's output. The servers hold no policy
-    /// version until [`VllmEngine::sync`].
+    /// `log` for a managed server's output. A managed server for full
+    /// fine-tuning starts with `policy`'s weights, as `version`; otherwise
+    /// the servers hold no policy version until [`VllmEngine::sync`].
     pub fn start(
         cfg: &VllmConfig,
         policy: &Policy,
+        version: u64,
         work: &Path,
         log: &Path,
         progress: &mut dyn FnMut(&str),
@@ -699,6 +701,7 @@ impl VllmEngine {
             })?;
             (None, client, base)
         };
+        let synced = (server.is_some() && !lora).then_some(version);
         let (server, spec) = server.unzip();
         Ok(VllmEngine {
             server,
@@ -709,7 +712,7 @@ impl VllmEngine {
             base,
             adapter: None,
             lora,
-            synced: None,
+            synced,
         })
     }
 

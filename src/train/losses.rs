@@ -81,6 +81,9 @@ impl PgBatch {
         if let Some(r) = &self.ref_logprobs {
             named.push(("ref_logprobs", r));
         }
+        if let Some(w) = &self.token_weight {
+            named.push(("token_weight", w));
+        }
         for (name, t) in named {
             if t.size() != bt {
                 return Err(LossError::Shape {
@@ -643,6 +646,7 @@ mod tests {
                 ref_logprobs: Some(reference.shallow_clone()),
                 mask: mask.shallow_clone(),
                 advantages: Tensor::from_slice(&[0.7f32, -1.3]),
+                token_weight: None,
             };
             let (total, logged) = total_loss(&[
                 (
@@ -697,6 +701,32 @@ mod tests {
     }
 
     #[test]
+    fn token_weights_scale_each_tokens_policy_gradient() {
+        let z = Tensor::randn([2, 3, 5], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        let y = Tensor::from_slice(&[1i64, 2, 3, 4, 0, 1]).view([2, 3]);
+        let lp = token_logprobs(&z, &y);
+        let batch = |w: Option<Tensor>| PgBatch {
+            old_logprobs: lp.detach(),
+            logprobs: lp.shallow_clone(),
+            ref_logprobs: None,
+            mask: lp.ones_like().to_kind(Kind::Bool),
+            advantages: Tensor::from_slice(&[0.5f32, -1.0]),
+            token_weight: w,
+        };
+        let plain = pg_loss(&batch(None), None, Normalization::TokenMean);
+        let twice = pg_loss(
+            &batch(Some(lp.ones_like() * 2.0)),
+            None,
+            Normalization::TokenMean,
+        );
+        assert!((twice.double_value(&[]) - 2.0 * plain.double_value(&[])).abs() < 1e-6);
+        // Weight 0 on row 1: only row 0's advantage remains.
+        let w = Tensor::from_slice(&[1f32, 1., 1., 0., 0., 0.]).view([2, 3]);
+        let half = pg_loss(&batch(Some(w)), None, Normalization::TokenMean);
+        assert!((half.double_value(&[]) - (-0.5 * 3.0 / 6.0)).abs() < 1e-6);
+    }
+
+    #[test]
     fn validate_names_the_misshapen_tensor() {
         let lp = Tensor::zeros([2, 3], (Kind::Float, tch::Device::Cpu));
         let batch = PgBatch {
@@ -704,6 +734,7 @@ mod tests {
             ref_logprobs: Some(Tensor::zeros([2, 4], (Kind::Float, tch::Device::Cpu))),
             mask: lp.ones_like().to_kind(Kind::Bool),
             advantages: Tensor::zeros([2], (Kind::Float, tch::Device::Cpu)),
+            token_weight: None,
             logprobs: lp,
         };
         let err = batch.validate().unwrap_err();

@@ -468,6 +468,7 @@ impl<'a> TrainState<'a> {
             let engine = VllmEngine::start(
                 &me.cfg.rollout.vllm,
                 me.policy,
+                me.step,
                 &me.run_dir.vllm(rank),
                 &me.run_dir.vllm_log(rank),
                 &mut |m| observer.on_message(m),

@@ -493,7 +493,7 @@ pub(super) fn update(
     dist: &Group,
     bucket_bytes: usize,
     tis_cap: f64,
-) -> Result<(BTreeMap<String, f64>, f64, BTreeMap<String, f64>), TrainError> {
+) -> Result<Updated, TrainError> {
     let share = super::shard::local_seqs(dist, seqs.len(), t.group_size);
     // Forward passes only: backward replays the dtypes they recorded.
     let (dev, ac) = (policy.device(), kind_of(t.autocast));
@@ -543,7 +543,19 @@ pub(super) fn update(
         }
     }
     let (loss, grad_norm) = first.expect("ppo_epochs >= 1");
-    Ok((loss, grad_norm, mismatch.reduce(dist)?))
+    Ok(Updated {
+        loss,
+        grad_norm,
+        mismatch: mismatch.reduce(dist)?,
+    })
+}
+
+/// What [`update`] reports: the first epoch's loss terms and gradient norm,
+/// and the engine/trainer log-prob [`Mismatch`] (empty when unchecked).
+pub(super) struct Updated {
+    pub loss: BTreeMap<String, f64>,
+    pub grad_norm: f64,
+    pub mismatch: BTreeMap<String, f64>,
 }
 
 /// How far the engine's log-probs of the sampled tokens are from the

@@ -34,7 +34,7 @@ pub fn step(
     // Completions from vLLM carry its log-probs: compared with the update's
     // own every step (and the policy gradient reweighted with a TIS cap).
     let checked = s.engine.is_some();
-    let (loss, grad_norm, mismatch) = update(
+    let up = update(
         s.policy,
         s.optimizer.as_mut(),
         &t,
@@ -47,7 +47,7 @@ pub fn step(
     )?;
     seconds.insert("update".to_owned(), t0.elapsed().as_secs_f64());
     s.log_samples(samples_log, &ro, &tasks)?;
-    let mut rec = s.record(lr, loss, grad_norm, &[&ro], seconds);
-    rec.mismatch = mismatch;
+    let mut rec = s.record(lr, up.loss, up.grad_norm, &[&ro], seconds);
+    rec.mismatch = up.mismatch;
     Ok(rec)
 }

@@ -47,7 +47,7 @@ pub fn step(s: &mut TrainState) -> Result<StepRecord, TrainError> {
         })
         .collect();
     let lr = s.schedule.lr_at(s.step);
-    let (loss, grad_norm, _) = update(
+    let up = update(
         s.policy,
         s.optimizer.as_mut(),
         &t,
@@ -58,6 +58,7 @@ pub fn step(s: &mut TrainState) -> Result<StepRecord, TrainError> {
         s.cfg.dist.bucket_bytes(),
         0.0,
     )?;
+    let (loss, grad_norm) = (up.loss, up.grad_norm);
     let mut seconds = BTreeMap::new();
     seconds.insert("update".to_owned(), t0.elapsed().as_secs_f64());
     Ok(StepRecord {

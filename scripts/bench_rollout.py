@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Rollout generation of an RL step: native engine vs vLLM (see scripts/bench-rollout).
+
+Both sides run `falcon train` on the same config: N prompts of data/easy_python.jsonl, G samples
+each at temperature 1.0 (end of sequence or max new tokens), LoRA rank R on q/k/v/o, fp32. Only
+[rollout] engine differs. Per step, metrics.jsonl gives the seconds of generation, of the
+adapter sync (vLLM) and the completion tokens; the first step of each side is warm-up and left
+out of the medians. The sides run one after the other on an otherwise idle machine. vLLM's
+server start is reported apart (it happens once per run).
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from bench_generate import resolve_model  # noqa: E402
+from benchcfg import run_header  # noqa: E402
+
+TASK_IDS = ["easy/add", "easy/is_even", "easy/reverse_string", "easy/factorial"]
+
+
+def side(a, model, work, engine):
+    by_id = {}
+    with open(os.path.join(ROOT, "data", "easy_python.jsonl")) as f:
+        for line in f:
+            t = json.loads(line)
+            by_id[t["id"]] = t
+    tasks = [dict(by_id[i], id=f"{i}#{k}") for k, i in enumerate((TASK_IDS * ((a.prompts + 3) // 4))[: a.prompts])]
+    tpath = os.path.join(work, "tasks.jsonl")
+    with open(tpath, "w") as f:
+        for t in tasks:
+            f.write(json.dumps(t) + "\n")
+    cfg = run_header(engine, os.path.join(work, "runs"), model, seed=a.seed, lora_rank=a.lora_rank,
+                     dropout=0.0, device=a.device) + f"""[generation]
+max_new_tokens = {a.max_new_tokens}
+temperature = 1.0
+[tasks]
+path = {json.dumps(tpath)}
+[reward]
+judge = "static"
+[memory]
+embedder = "hash"
+[train]
+steps = {a.steps}
+tasks_per_step = {a.prompts}
+group_size = {a.generations}
+lr = 1e-5
+advantage = "group_mean"
+checkpoint_every = {a.steps}
+keep_last = 1
+[rollout]
+engine = "{engine}"
+[rollout.vllm]
+max_model_len = 2048
+"""
+    cpath = os.path.join(work, f"{engine}.toml")
+    with open(cpath, "w") as f:
+        f.write(cfg)
+    t0 = time.time()
+    p = subprocess.run([os.environ["FALCON_BIN"], "--threads", str(a.threads), "train", "--config", cpath],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.time() - t0
+    if p.returncode != 0:
+        sys.exit(f"falcon train ({engine}) failed:\n{p.stderr[-3000:]}")
+    ready = re.search(r"vLLM ready at \S+ in (\d+) s", p.stderr)
+    recs = [json.loads(l) for l in open(os.path.join(work, "runs", engine, "metrics.jsonl"))]
+    return recs, (float(ready.group(1)) if ready else None), wall
+
+
+def summary(recs):
+    timed = recs[1:]
+    gen = [r["seconds"]["generate"] for r in timed]
+    toks = [r["tokens_generated"] for r in timed]
+    tps = [t / g for t, g in zip(toks, gen)]
+    sync = [r["seconds"].get("sync", 0.0) for r in timed]
+    mm = [r["mismatch"]["abs_mean"] for r in timed if "mismatch" in r]
+    return {
+        "tok_s": statistics.median(tps), "tok_s_min": min(tps), "tok_s_max": max(tps),
+        "generate_s": statistics.median(gen), "tokens": statistics.median(toks),
+        "sync_s": statistics.median(sync), "mismatch_abs_mean": statistics.median(mm) if mm else None,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="embedded")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--generations", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--lora-rank", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu")
+    a = ap.parse_args()
+    if a.steps < 2:
+        sys.exit("--steps must be >= 2 (the first step is warm-up)")
+    model = resolve_model(os.environ["FALCON_BIN"], a.model)
+    work = tempfile.mkdtemp(prefix="falcon-bench-rollout-")
+    try:
+        native, _, native_wall = side(a, model, work, "native")
+        vllm, start_s, vllm_wall = side(a, model, work, "vllm")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    n, v = summary(native), summary(vllm)
+    load = os.getloadavg()
+    print(f"model {model}; {a.prompts} prompts x {a.generations} samples, {a.max_new_tokens} max new tokens, "
+          f"temperature 1, LoRA r={a.lora_rank} q/k/v/o, fp32, {a.device}, {a.threads} threads; "
+          f"median (min-max) of {a.steps - 1} step(s) after 1 warm-up; load average {load[0]:.2f}")
+    print(f"native: {n['tok_s']:6.1f} tok/s ({n['tok_s_min']:.1f}-{n['tok_s_max']:.1f}), "
+          f"generate {n['generate_s']:.1f} s for {n['tokens']:.0f} tokens; run {native_wall:.0f} s")
+    print(f"vLLM:   {v['tok_s']:6.1f} tok/s ({v['tok_s_min']:.1f}-{v['tok_s_max']:.1f}), "
+          f"generate {v['generate_s']:.1f} s for {v['tokens']:.0f} tokens; adapter sync {v['sync_s'] * 1000:.0f} ms/step; "
+          f"server start {start_s if start_s is not None else float('nan'):.0f} s; "
+          f"|d log p| vs trainer {v['mismatch_abs_mean']:.2e}; run {vllm_wall:.0f} s")
+    ratio = v["tok_s"] / n["tok_s"]
+    print(f"ratio vLLM / native tokens/s: {ratio:.2f}x")
+    print(json.dumps({"native": n, "vllm": v, "vllm_start_s": start_s, "ratio": ratio,
+                      "native_run_s": native_wall, "vllm_run_s": vllm_wall, "load": load}))
+
+
+if __name__ == "__main__":
+    main()
