@@ -69,7 +69,9 @@ max_model_len = 2048
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.time() - t0
     if p.returncode != 0:
-        sys.exit(f"falcon train ({engine}) failed:\n{p.stderr[-3000:]}")
+        log = os.path.join(work, "runs", engine, "vllm", "server.log")
+        tail = open(log).read()[-6000:] if os.path.exists(log) else ""
+        sys.exit(f"falcon train ({engine}) failed:\n{p.stderr[-3000:]}\n--- end of {log}:\n{tail}")
     ready = re.search(r"vLLM ready at \S+ in (\d+) s", p.stderr)
     recs = [json.loads(l) for l in open(os.path.join(work, "runs", engine, "metrics.jsonl"))]
     return recs, (float(ready.group(1)) if ready else None), wall

@@ -180,12 +180,13 @@ fn config_check_and_the_trainer_accept_the_same_configs() {
             c.tasks.path = None;
         }),
         (
-            "meta-RL with the vLLM engine",
+            "meta-RL on vLLM without LoRA",
             "demo.toml",
             Job::Train,
             |c| {
                 c.train.init_from = None;
                 c.meta.algorithm = falcon_rl::config::MetaAlgorithm::Fomaml;
+                c.model.lora.enabled = false;
                 c.rollout.engine = falcon_rl::config::EngineKind::Vllm;
             },
         ),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use falcon_rl::config::VllmConfig;
 use falcon_rl::model::export::{export_hf, export_peft};
-use falcon_rl::model::vllm::{default_python, VllmClient, VllmEngine};
+use falcon_rl::model::vllm::{default_python, Row, VllmClient, VllmEngine};
 use falcon_rl::model::{hub, Completion, Dtype, GenerationParams, Generator, LoraConfig, Policy};
 use tch::Device;
 
@@ -136,6 +136,7 @@ fn exports_serve_unchanged_in_vllm_and_the_adapter_follows_each_step() {
         &cfg,
         &policy,
         0,
+        3,
         &work.path().join("vllm"),
         &log,
         &mut |m| eprintln!("{m}"),
@@ -175,6 +176,89 @@ fn exports_serve_unchanged_in_vllm_and_the_adapter_follows_each_step() {
         "adapters pile up: {models:?}"
     );
     assert!(!work.path().join("vllm/adapters/policy-v1").exists());
+
+    // Overlap: a generation started with step 2's adapter, then step 3's
+    // sync while it runs; with one previous adapter kept it finishes, from
+    // step 2's weights.
+    engine.keep_previous(1);
+    let pending = engine.spawn_generate(&prompts[..4], &params).unwrap();
+    let snapshot: Vec<(String, tch::Tensor)> = policy
+        .vs
+        .variables()
+        .into_iter()
+        .filter(|(n, _)| n.contains(".lora_"))
+        .map(|(n, t)| (n, t.detach().copy()))
+        .collect();
+    randomize_adapter(&policy, 3);
+    engine.sync(&policy, 3).unwrap();
+    let stale = pending.wait().unwrap();
+    assert_same("generation across a sync", &stale, &native_v2[..4]);
+    // Back to step 2's weights for what follows (its adapter is kept).
+    tch::no_grad(|| {
+        let vars = policy.vs.variables();
+        for (n, t) in &snapshot {
+            vars[n].shallow_clone().copy_(t);
+        }
+    });
+    engine.sync(&policy, 4).unwrap();
+    engine.keep_previous(0);
+
+    // A meta-step's fast weights θ_1, θ_2 (other LoRA factors than the
+    // policy's own), served as two adapters in one batch of requests: each
+    // answers as the native engine does with those factors swapped in.
+    let mut policy = policy;
+    let fast: Vec<Vec<(String, tch::Tensor)>> = (0..2)
+        .map(|k| {
+            tch::manual_seed(10 + k);
+            policy
+                .vs
+                .variables()
+                .into_iter()
+                .filter(|(n, _)| n.contains(".lora_"))
+                .map(|(n, t)| {
+                    let r = tch::Tensor::randn_like(&t) * 0.05;
+                    (n, r)
+                })
+                .collect()
+        })
+        .collect();
+    let names = ["fast-a", "fast-b"];
+    for (k, f) in fast.iter().enumerate() {
+        engine.load_extra(&policy, f, names[k]).unwrap();
+    }
+    let two = &prompts[..2];
+    let ids2 = engine.encode(two, &params).unwrap();
+    let rows: Vec<Row> = (0..2)
+        .flat_map(|k| {
+            let ids2 = &ids2;
+            (0..2).map(move |j| Row {
+                model: names[k],
+                prompt: &ids2[j],
+                seed: None,
+            })
+        })
+        .collect();
+    let served = engine.generate_rows(&rows, &params).unwrap();
+    for (k, f) in fast.iter().enumerate() {
+        let mut slot: Vec<(String, tch::Tensor)> = f
+            .iter()
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect();
+        policy.swap_adapters(&mut slot).unwrap();
+        let native = policy.generate(two, &params).unwrap();
+        policy.swap_adapters(&mut slot).unwrap();
+        assert_same(
+            &format!("fast adapter {k}"),
+            &served[2 * k..2 * k + 2],
+            &native,
+        );
+    }
+    assert_ne!(
+        served[0].token_ids, served[2].token_ids,
+        "the two fast adapters answer alike"
+    );
+    engine.unload_extra().unwrap();
+    assert!(!work.path().join("vllm/fast/fast-a").exists());
 
     // The same adapter as `falcon export --peft` writes it, loaded by name.
     let peft = export_peft(&policy, &work.path().join("peft"), false).unwrap();

@@ -91,13 +91,22 @@ pub(super) fn job_rules(c: &RunConfig, job: Job, problems: &mut Problems) {
                 );
             }
             if c.rollout.engine == super::EngineKind::Vllm {
-                // Not yet built (issue 37, item 3): refused rather than
-                // generating the K tasks' fast-weight samples from θ.
-                if c.meta.algorithm != MetaAlgorithm::Off {
+                // Meta-RL's fast weights θ_i are served as adapters.
+                if c.meta.algorithm != MetaAlgorithm::Off && !c.model.lora.enabled {
                     problems.push(
                         "rollout.engine",
                         "vllm",
-                        "meta-RL recipes ([meta] algorithm) generate with the native engine only for now: their K fast adapters are not served by vLLM yet",
+                        "meta-RL with the vLLM engine serves each task's fast weights as a LoRA adapter: enable [model.lora]",
+                    );
+                }
+                if c.rollout.vllm.overlap
+                    && (c.meta.algorithm != MetaAlgorithm::Off
+                        || c.train.strategy != super::StrategyKind::ZeroShot)
+                {
+                    problems.push(
+                        "rollout.vllm.overlap",
+                        true,
+                        "overlap pipelines single-level RL with zero-shot rollouts only: remove [meta] algorithm / [train] strategy, or overlap",
                     );
                 }
                 // Full weights reach a server only through vLLM's dev-mode

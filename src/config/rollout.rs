@@ -63,6 +63,16 @@ pub struct VllmConfig {
     pub gpu_memory_utilization: f64,
     /// Managed: further arguments for vLLM's server, appended as given.
     pub extra_args: Vec<String>,
+    /// Send each sampled request a seed (reproducible rollouts). Unset: on,
+    /// but off for a managed server on the CPU, whose engine dies on a
+    /// seeded request whose prompt is prefilled in chunks (vLLM 0.32's CPU
+    /// generator has no offset to rewind).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed_requests: Option<bool>,
+    /// One-step off-policy: the servers generate step t+1's rollouts with
+    /// θ_t while the trainer updates to θ_{t+1} (single-level RL, one
+    /// process, zero-shot rollouts). Pair it with `tis_cap`.
+    pub overlap: bool,
     /// Truncated importance sampling of the policy-gradient term against the
     /// rollout/trainer log-prob mismatch: each token's weight
     /// `min(exp(log p_train - log p_vllm), cap)`; 0 turns it off.
@@ -82,6 +92,8 @@ impl Default for VllmConfig {
             cpu_kv_cache_gib: 2.0,
             gpu_memory_utilization: 0.3,
             extra_args: Vec::new(),
+            seed_requests: None,
+            overlap: false,
             tis_cap: 0.0,
         }
     }
@@ -98,6 +110,13 @@ impl Section for RolloutConfig {
     fn validate_into(&self, path: &str, problems: &mut Problems) {
         let v = &self.vllm;
         let p = format!("{path}.vllm");
+        if v.overlap && self.engine != EngineKind::Vllm {
+            problems.push(
+                &format!("{p}.overlap"),
+                true,
+                "overlaps vLLM's generation with the update: set [rollout] engine = \"vllm\" too",
+            );
+        }
         for (i, url) in v.urls.iter().enumerate() {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 problems.push(
@@ -171,6 +190,18 @@ mod tests {
         c.validate_into("rollout", &mut p);
         assert!(p.as_slice().is_empty(), "{:?}", p.as_slice());
         assert!(c.vllm.managed());
+    }
+
+    #[test]
+    fn overlap_without_the_vllm_engine_is_refused_not_ignored() {
+        let c: RolloutConfig = toml::from_str("[vllm]\noverlap = true\n").unwrap();
+        let mut p = Problems::default();
+        c.validate_into("rollout", &mut p);
+        assert!(
+            p.as_slice().join("\n").contains("rollout.vllm.overlap"),
+            "{:?}",
+            p.as_slice()
+        );
     }
 
     #[test]

@@ -141,6 +141,7 @@ pub fn run(
                 &cfg.rollout.vllm,
                 p,
                 0,
+                2,
                 &work,
                 &work.join("server.log"),
                 &mut |m| progress.message(m),

@@ -141,16 +141,32 @@ fn write_hf(
 
 /// Write the LoRA adapters of `policy` as a PEFT adapter directory.
 pub fn export_peft(policy: &Policy, out: &Path, overwrite: bool) -> Result<PathBuf, ModelError> {
+    export_peft_with(policy, &[], out, overwrite)
+}
+
+/// [`export_peft`] with the factors named in `fast` (VarStore names, as
+/// `Policy::swap_adapters` takes them: a MAML task's fast weights θ_i) in
+/// place of the policy's own.
+pub fn export_peft_with(
+    policy: &Policy,
+    fast: &[(String, Tensor)],
+    out: &Path,
+    overwrite: bool,
+) -> Result<PathBuf, ModelError> {
     let cfg = policy.lora.as_ref().ok_or_else(|| {
         ModelError::Invalid("no LoRA adapters attached: nothing to export".into())
     })?;
+    let fast: HashMap<&str, &Tensor> = fast.iter().map(|(n, t)| (n.as_str(), t)).collect();
     publish_dir(out, overwrite, |dir| -> Result<(), ModelError> {
         let mut tensors: Vec<(String, Tensor)> = policy
             .vs
             .variables()
             .into_iter()
             .filter(|(name, _)| name.contains(".lora_"))
-            .map(|(name, t)| (format!("{PEFT_PREFIX}{name}"), t.detach()))
+            .map(|(name, t)| {
+                let t = fast.get(name.as_str()).map_or(t.detach(), |f| f.detach());
+                (format!("{PEFT_PREFIX}{name}"), t)
+            })
             .collect();
         tensors.sort_by(|a, b| a.0.cmp(&b.0));
         let meta = HashMap::from([("format".to_string(), "pt".to_string())]);

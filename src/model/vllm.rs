@@ -60,6 +60,8 @@ pub struct ServerSpec {
     pub max_model_len: usize,
     /// LoRA adapters loaded at run time, up to this rank.
     pub max_lora_rank: Option<usize>,
+    /// Adapters one batch may mix (vLLM's `--max-loras`).
+    pub max_loras: usize,
     /// `Some(GiB)`: a CPU server with this much KV cache; `None`: CUDA.
     pub cpu_kv_cache_gib: Option<f64>,
     pub gpu_memory_utilization: f64,
@@ -71,7 +73,13 @@ pub struct ServerSpec {
 
 impl ServerSpec {
     /// The spec `[rollout.vllm]` implies for serving `model_dir` like `policy`.
-    pub fn from_config(cfg: &VllmConfig, policy: &Policy, model_dir: &Path, log: &Path) -> Self {
+    pub fn from_config(
+        cfg: &VllmConfig,
+        policy: &Policy,
+        adapters: usize,
+        model_dir: &Path,
+        log: &Path,
+    ) -> Self {
         let python = if cfg.python.is_empty() {
             default_python()
         } else {
@@ -84,6 +92,7 @@ impl ServerSpec {
             port: cfg.port,
             max_model_len: cfg.max_model_len,
             max_lora_rank: policy.lora.as_ref().map(|l| l.rank),
+            max_loras: adapters.max(1),
             cpu_kv_cache_gib: (!policy.device().is_cuda()).then_some(cfg.cpu_kv_cache_gib),
             gpu_memory_utilization: cfg.gpu_memory_utilization,
             extra_args: cfg.extra_args.clone(),
@@ -125,12 +134,15 @@ impl ServerSpec {
                 .copied()
                 .find(|&k| k >= r)
                 .unwrap_or(r);
-            a.extend(
-                ["--enable-lora", "--max-loras", "2", "--max-lora-rank"]
-                    .iter()
-                    .map(|s| s.to_string()),
-            );
-            a.push(r.to_string());
+            for x in [
+                "--enable-lora".to_owned(),
+                "--max-loras".to_owned(),
+                self.max_loras.to_string(),
+                "--max-lora-rank".to_owned(),
+                r.to_string(),
+            ] {
+                a.push(x);
+            }
         }
         if self.cpu_kv_cache_gib.is_none() {
             a.push("--gpu-memory-utilization".into());
@@ -361,6 +373,33 @@ pub struct VllmClient {
     next: AtomicUsize,
 }
 
+impl Clone for VllmClient {
+    fn clone(&self) -> Self {
+        VllmClient {
+            urls: self.urls.clone(),
+            agent: self.agent.clone(),
+            parallel: self.parallel,
+            next: AtomicUsize::new(self.next.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// A generation running in the background ([`VllmEngine::spawn_generate`]).
+pub struct Pending {
+    handle: std::thread::JoinHandle<Result<Vec<Completion>, ModelError>>,
+}
+
+impl Pending {
+    /// Wait for the completions.
+    pub fn wait(self) -> Result<Vec<Completion>, ModelError> {
+        self.handle.join().unwrap_or_else(|_| {
+            Err(ModelError::Invalid(
+                "the background generation panicked".into(),
+            ))
+        })
+    }
+}
+
 impl VllmClient {
     pub fn new(urls: &[String], request_timeout: Duration, parallel: usize) -> Self {
         VllmClient {
@@ -545,15 +584,38 @@ impl VllmClient {
         })
     }
 
-    /// One completion per prompt, `parallel` requests in flight, spread
-    /// over the servers; row i is seeded `row_seed(seed, row_offset + i)`.
+    /// One completion per prompt from `model`, `parallel` requests in
+    /// flight, spread over the servers; row i is seeded
+    /// `row_seed(seed, row_offset + i)`.
     pub fn complete_all(
         &self,
         model: &str,
         prompts: &[Vec<i64>],
         params: &GenerationParams,
     ) -> Result<Vec<Completion>, ModelError> {
-        let n = prompts.len();
+        let rows: Vec<Row> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Row {
+                model,
+                prompt: p,
+                seed: params
+                    .seed
+                    .map(|s| row_seed(s, params.row_offset + i as u64)),
+            })
+            .collect();
+        self.complete_rows(&rows, params)
+    }
+
+    /// One completion per row, each from its own model (adapter) name and
+    /// seed, all in flight together: K adapters' samples in one batch on
+    /// the server.
+    pub fn complete_rows(
+        &self,
+        rows: &[Row],
+        params: &GenerationParams,
+    ) -> Result<Vec<Completion>, ModelError> {
+        let n = rows.len();
         let out: Vec<Mutex<Option<Result<Completion, ModelError>>>> =
             (0..n).map(|_| Mutex::new(None)).collect();
         let next = AtomicUsize::new(0);
@@ -565,11 +627,9 @@ impl VllmClient {
                         break;
                     }
                     let k = self.next.fetch_add(1, Ordering::Relaxed) % self.urls.len();
-                    let seed = params
-                        .seed
-                        .map(|s| row_seed(s, params.row_offset + i as u64));
-                    let r = self.complete(&self.urls[k], model, &prompts[i], params, seed);
-                    *out[i].lock().expect("not poisoned") = Some(r);
+                    let r = &rows[i];
+                    let c = self.complete(&self.urls[k], r.model, r.prompt, params, r.seed);
+                    *out[i].lock().expect("not poisoned") = Some(c);
                 });
             }
         });
@@ -581,6 +641,15 @@ impl VllmClient {
             })
             .collect()
     }
+}
+
+/// One request of [`VllmClient::complete_rows`].
+#[derive(Debug, Clone, Copy)]
+pub struct Row<'a> {
+    /// The served name: the base model or a loaded adapter.
+    pub model: &'a str,
+    pub prompt: &'a [i64],
+    pub seed: Option<u64>,
 }
 
 /// The seed of row `row` of a call seeded `seed`: rows differ, and a row
@@ -628,10 +697,19 @@ pub struct VllmEngine {
     work: PathBuf,
     /// The base model's served name.
     base: String,
+    /// Adapters loaded beside the policy's (a meta-step's fast weights).
+    extra: Vec<(String, PathBuf)>,
     /// The adapter requests name (LoRA), with its directory.
     adapter: Option<(String, PathBuf)>,
+    /// Earlier adapters still loaded (newest last): a generation in flight
+    /// may still use them.
+    retired: std::collections::VecDeque<(String, PathBuf)>,
+    /// How many earlier adapters stay loaded (1 with overlap).
+    keep_previous: usize,
     lora: bool,
     synced: Option<u64>,
+    /// Whether sampled requests carry their seed.
+    seeded: bool,
 }
 
 impl std::fmt::Debug for VllmEngine {
@@ -651,10 +729,14 @@ impl VllmEngine {
     /// `log` for a managed server's output. A managed server for full
     /// fine-tuning starts with `policy`'s weights, as `version`; otherwise
     /// the servers hold no policy version until [`VllmEngine::sync`].
+    /// `adapters`: how many adapters one batch mixes (a meta-step's K fast
+    /// adapters and the policy's).
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         cfg: &VllmConfig,
         policy: &Policy,
         version: u64,
+        adapters: usize,
         work: &Path,
         log: &Path,
         progress: &mut dyn FnMut(&str),
@@ -673,7 +755,7 @@ impl VllmEngine {
             } else {
                 super::export::export_hf(policy, &dir, policy.dtype, true)?;
             }
-            let spec = ServerSpec::from_config(cfg, policy, &dir, log);
+            let spec = ServerSpec::from_config(cfg, policy, adapters, &dir, log);
             progress(&format!(
                 "starting vLLM ({} {}); log {}",
                 spec.python.display(),
@@ -702,6 +784,8 @@ impl VllmEngine {
             (None, client, base)
         };
         let synced = (server.is_some() && !lora).then_some(version);
+        let on_cpu = !policy.device().is_cuda();
+        let seeded = cfg.seed_requests.unwrap_or(!(cfg.managed() && on_cpu));
         let (server, spec) = server.unzip();
         Ok(VllmEngine {
             server,
@@ -710,9 +794,13 @@ impl VllmEngine {
             tokenizer,
             work,
             base,
+            extra: Vec::new(),
             adapter: None,
+            retired: Default::default(),
+            keep_previous: 0,
             lora,
             synced,
+            seeded,
         })
     }
 
@@ -755,7 +843,11 @@ impl VllmEngine {
             let dir = self.work.join("adapters").join(&name);
             super::export::export_peft(policy, &dir, true)?;
             self.client.load_adapter(&name, &dir)?;
-            if let Some((old, old_dir)) = self.adapter.replace((name, dir)) {
+            if let Some(old) = self.adapter.replace((name, dir)) {
+                self.retired.push_back(old);
+            }
+            while self.retired.len() > self.keep_previous {
+                let (old, old_dir) = self.retired.pop_front().expect("non-empty");
                 self.client.unload_adapter(&old)?;
                 let _ = std::fs::remove_dir_all(old_dir);
             }
@@ -787,6 +879,25 @@ impl VllmEngine {
                 Err(_) => {}
             }
         }
+        self.restart(policy, version)?;
+        self.generate(prompts, params)
+    }
+
+    /// A failed request's error, naming a managed server's log (a vLLM 500
+    /// says no more than "see the stack trace above").
+    fn with_log(&self, e: ModelError) -> ModelError {
+        match &self.server {
+            Some(s) => ModelError::Invalid(format!(
+                "{e} (the vLLM server's log: {})",
+                s.log().display()
+            )),
+            None => e,
+        }
+    }
+
+    /// Start a dead managed server again, at the same port, and bring it
+    /// to `policy` as `version`.
+    fn restart(&mut self, policy: &Policy, version: u64) -> Result<(), ModelError> {
         let (Some(server), Some(spec)) = (self.server.take(), self.spec.as_mut()) else {
             unreachable!("only a managed server is found dead")
         };
@@ -804,9 +915,98 @@ impl VllmEngine {
             .map_err(|e| ModelError::Invalid(format!("{why}; starting it again failed: {e}")))?;
         self.server = Some(server);
         self.adapter = None;
+        self.retired.clear();
         self.synced = None;
-        self.sync(policy, version)?;
-        self.generate(prompts, params)
+        self.sync(policy, version).map(|_| ())
+    }
+}
+
+impl VllmEngine {
+    /// Keep the `n` adapters before the current one loaded: a generation
+    /// started with one of them (overlap) finishes after the next sync.
+    pub fn keep_previous(&mut self, n: usize) {
+        self.keep_previous = n;
+    }
+
+    /// [`Generator::generate`] on a thread of its own, with the adapter the
+    /// servers hold now: the trainer updates meanwhile (one-step off-policy).
+    pub fn spawn_generate(
+        &self,
+        prompts: &[String],
+        params: &GenerationParams,
+    ) -> Result<Pending, ModelError> {
+        let ids = self.encode(prompts, params)?;
+        let client = self.client.clone();
+        let model = self.model_name().to_owned();
+        let mut params = params.clone();
+        if !self.seeded {
+            params.seed = None;
+        }
+        let log = self.server.as_ref().map(|s| s.log().to_path_buf());
+        let handle = std::thread::spawn(move || {
+            client
+                .complete_all(&model, &ids, &params)
+                .map_err(|e| match log {
+                    Some(l) => {
+                        ModelError::Invalid(format!("{e} (the vLLM server's log: {})", l.display()))
+                    }
+                    None => e,
+                })
+        });
+        Ok(Pending { handle })
+    }
+
+    /// Token ids of `prompts` as the servers get them.
+    pub fn encode(
+        &self,
+        prompts: &[String],
+        params: &GenerationParams,
+    ) -> Result<Vec<Vec<i64>>, ModelError> {
+        encode_prompts(&self.tokenizer, prompts, params)
+    }
+
+    /// Load `fast` (LoRA factors by VarStore name, e.g. a MAML task's θ_i)
+    /// over the policy's other adapters as adapter `name`, until
+    /// [`VllmEngine::unload_extra`].
+    pub fn load_extra(
+        &mut self,
+        policy: &Policy,
+        fast: &[(String, tch::Tensor)],
+        name: &str,
+    ) -> Result<(), ModelError> {
+        let dir = self.work.join("fast").join(name);
+        super::export::export_peft_with(policy, fast, &dir, true)?;
+        self.client.load_adapter(name, &dir)?;
+        self.extra.push((name.to_owned(), dir));
+        Ok(())
+    }
+
+    /// Unload and delete every adapter [`VllmEngine::load_extra`] loaded.
+    pub fn unload_extra(&mut self) -> Result<(), ModelError> {
+        for (name, dir) in std::mem::take(&mut self.extra) {
+            self.client.unload_adapter(&name)?;
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        Ok(())
+    }
+
+    /// One completion per row (served name, prompt ids, seed), all in
+    /// flight together.
+    pub fn generate_rows(
+        &self,
+        rows: &[Row],
+        params: &GenerationParams,
+    ) -> Result<Vec<Completion>, ModelError> {
+        let unseeded: Vec<Row>;
+        let rows = if self.seeded {
+            rows
+        } else {
+            unseeded = rows.iter().map(|r| Row { seed: None, ..*r }).collect();
+            &unseeded
+        };
+        self.client
+            .complete_rows(rows, params)
+            .map_err(|e| self.with_log(e))
     }
 }
 
@@ -817,7 +1017,19 @@ impl Generator for VllmEngine {
         params: &GenerationParams,
     ) -> Result<Vec<Completion>, ModelError> {
         let ids = encode_prompts(&self.tokenizer, prompts, params)?;
-        self.client.complete_all(self.model_name(), &ids, params)
+        let unseeded;
+        let params = if self.seeded {
+            params
+        } else {
+            unseeded = GenerationParams {
+                seed: None,
+                ..params.clone()
+            };
+            &unseeded
+        };
+        self.client
+            .complete_all(self.model_name(), &ids, params)
+            .map_err(|e| self.with_log(e))
     }
 }
 
@@ -845,6 +1057,7 @@ mod tests {
             port: 1,
             max_model_len: 64,
             max_lora_rank: Some(12),
+            max_loras: 3,
             cpu_kv_cache_gib: Some(1.0),
             gpu_memory_utilization: 0.3,
             extra_args: vec!["--seed".into(), "3".into()],
@@ -854,6 +1067,8 @@ mod tests {
         let a = spec.args(9);
         let at = a.iter().position(|x| x == "--max-lora-rank").unwrap();
         assert_eq!(a[at + 1], "16");
+        let at = a.iter().position(|x| x == "--max-loras").unwrap();
+        assert_eq!(a[at + 1], "3");
         assert_eq!(&a[a.len() - 2..], &["--seed", "3"]);
         assert!(!a.iter().any(|x| x == "--gpu-memory-utilization"));
     }
@@ -869,6 +1084,7 @@ mod tests {
             port: 0,
             max_model_len: 64,
             max_lora_rank: None,
+            max_loras: 1,
             cpu_kv_cache_gib: Some(1.0),
             gpu_memory_utilization: 0.3,
             extra_args: vec![],
@@ -909,6 +1125,7 @@ mod tests {
             port: 0,
             max_model_len: 64,
             max_lora_rank: None,
+            max_loras: 1,
             cpu_kv_cache_gib: Some(1.0),
             gpu_memory_utilization: 0.3,
             extra_args: vec![],

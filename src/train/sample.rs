@@ -89,6 +89,67 @@ impl<'a> TrainState<'a> {
         self.sample_share(tasks, prompts, g, seed, 0..tasks.len(), false, seconds)
     }
 
+    /// [`TrainState::sample_alone`] for completions generated elsewhere
+    /// (`g` per task, in task order): run and scored the same way.
+    pub fn score_alone(
+        &mut self,
+        tasks: &[&Task],
+        comps: Vec<Completion>,
+        g: usize,
+        seconds: &mut BTreeMap<String, f64>,
+    ) -> Result<Rollout, TrainError> {
+        let reports = self.run(tasks, &comps, g, 0, seconds);
+        self.score(tasks, comps, reports, g, false, seconds)
+    }
+
+    /// The step's samples from a generation started during the previous
+    /// step ([`TrainState::start_next`]), or a fresh [`TrainState::sample`]
+    /// when none is waiting (the first step, a resumed run).
+    pub fn sample_or_collect(
+        &mut self,
+        tasks: &[&Task],
+        prompts: &[String],
+        g: usize,
+        seed: u64,
+        seconds: &mut BTreeMap<String, f64>,
+    ) -> Result<Rollout, TrainError> {
+        match self.pending.take() {
+            Some((step, p)) if step == self.step => {
+                let t0 = Instant::now();
+                let comps = p.wait()?;
+                *seconds.entry("generate".to_owned()).or_insert(0.0) += t0.elapsed().as_secs_f64();
+                let reports = self.run(tasks, &comps, g, 0, seconds);
+                self.score(tasks, comps, reports, g, true, seconds)
+            }
+            _ => self.sample(tasks, prompts, g, seed, seconds),
+        }
+    }
+
+    /// With `[rollout.vllm] overlap`, start generating the next step's
+    /// rollouts with the weights as they are now (θ_t), to collect at the
+    /// next step while this one updates; nothing on the last step.
+    pub fn start_next(&mut self, seconds: &mut BTreeMap<String, f64>) -> Result<(), TrainError> {
+        let next = self.step + 1;
+        if !self.cfg.rollout.vllm.overlap || self.engine.is_none() || next >= self.cfg.train.steps {
+            return Ok(());
+        }
+        self.sync_engine(seconds)?;
+        let t = &self.cfg.train;
+        let tasks = tasks_for_step(self.tasks.len(), t.tasks_per_step, self.cfg.run.seed, next);
+        let expanded: Vec<String> = tasks
+            .into_iter()
+            .flat_map(|i| {
+                let p =
+                    crate::rollout::task_prompt(&t.instruction, &self.tasks.iter().as_slice()[i]);
+                std::iter::repeat_n(p, t.group_size)
+            })
+            .collect();
+        let params = generation_params(&self.cfg.generation, mix(self.cfg.run.seed, next));
+        let engine = self.engine.as_ref().expect("checked above");
+        self.pending = Some((next, engine.spawn_generate(&expanded, &params)?));
+        Ok(())
+    }
+
     /// Let `P_error` see `reports` (in order).
     pub fn observe_errors<'r>(&mut self, reports: impl IntoIterator<Item = &'r ExecReport>) {
         for r in reports {

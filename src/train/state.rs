@@ -25,7 +25,7 @@ use crate::dist::Group;
 use crate::exec::Sandbox;
 use crate::memory::stats::ErrorStats;
 use crate::memory::ShortTerm;
-use crate::model::vllm::VllmEngine;
+use crate::model::vllm::{Pending, VllmEngine};
 use crate::model::{weights, ModelSpec, Policy};
 use crate::reward::Rewards;
 use crate::rollout::{training_strategy, Strategy};
@@ -223,6 +223,9 @@ pub struct TrainState<'a> {
     /// to (a managed one stops when the state is dropped); `None`: the
     /// policy generates.
     pub engine: Option<VllmEngine>,
+    /// With `[rollout.vllm] overlap`: the next step's rollouts, generating
+    /// while this step updates (the step they are for).
+    pub pending: Option<(u64, Pending)>,
 }
 
 impl Drop for TrainState<'_> {
@@ -360,6 +363,7 @@ impl<'a> TrainState<'a> {
             eval_tasks: None,
             scratch: None,
             engine: None,
+            pending: None,
         };
         let leftovers = if me.dist.is_main() {
             checkpoint::remove_leftovers(me.run_dir.path())
@@ -463,17 +467,28 @@ impl<'a> TrainState<'a> {
             truncate_after_step(&me.run_dir.metrics(), me.step as i64)?;
             truncate_after_step(&me.run_dir.samples(), me.step as i64)?;
         }
-        if me.cfg.rollout.engine == EngineKind::Vllm && me.recipe == Recipe::Rl {
+        if me.cfg.rollout.engine == EngineKind::Vllm && me.recipe != Recipe::Sft {
             let rank = me.dist.rank();
             let engine = VllmEngine::start(
                 &me.cfg.rollout.vllm,
                 me.policy,
                 me.step,
+                // A meta-step's K fast adapters, and θ's.
+                me.cfg.train.tasks_per_step + 1,
                 &me.run_dir.vllm(rank),
                 &me.run_dir.vllm_log(rank),
                 &mut |m| observer.on_message(m),
             )?;
             me.engine = Some(engine);
+            if me.cfg.rollout.vllm.overlap {
+                if me.dist.world() > 1 {
+                    return Err(TrainError::Invalid(
+                        "[rollout.vllm] overlap runs in one process only for now".into(),
+                    ));
+                }
+                // The adapter of the generation in flight outlives one sync.
+                me.engine.as_mut().expect("just set").keep_previous(1);
+            }
         }
         Ok(me)
     }

@@ -13,6 +13,7 @@ use tch::Tensor;
 
 use crate::config::{MetaAlgorithm, MetaPrompt, TrainConfig};
 use crate::memory::long_term::{Experience, Retrieved};
+use crate::model::vllm::{row_seed, Row};
 use crate::model::Policy;
 use crate::reward::code_in_completion;
 use crate::rollout::{falcon_prompts, task_prompt};
@@ -136,11 +137,64 @@ fn sample_at(
         .iter()
         .map(|(n, x)| (n.clone(), x.shallow_clone()))
         .collect();
-    s.policy.swap_adapters(&mut slot)?;
-    let qr = s.sample_alone(&[task], prompts, q, seed, seconds);
-    s.policy.swap_adapters(&mut slot)?;
+    let qr = if s.engine.is_some() {
+        // The vLLM engine serves θ_i as an adapter of its own.
+        sample_all_on_engine(s, &[(fast, task, prompts, seed)], q, seconds).map(|mut v| v.remove(0))
+    } else {
+        s.policy.swap_adapters(&mut slot)?;
+        let qr = s.sample_alone(&[task], prompts, q, seed, seconds);
+        s.policy.swap_adapters(&mut slot)?;
+        qr
+    };
     *outside += seconds.values().sum::<f64>() - before;
     qr
+}
+
+/// Line 12 for several tasks on the vLLM engine: each task's fast weights
+/// θ_i loaded as its own adapter, and every task's `q` samples (task i's
+/// seeded from its `seed`) sent together, so the server batches the K
+/// adapters at once; then unloaded. Run and scored by this rank alone,
+/// as [`sample_at`].
+fn sample_all_on_engine(
+    s: &mut TrainState,
+    each: &[(&Weights, &Task, &[String], u64)],
+    q: usize,
+    seconds: &mut BTreeMap<String, f64>,
+) -> Result<Vec<Rollout>, TrainError> {
+    let params = crate::rollout::generation_params(&s.cfg.generation, 0);
+    let t0 = Instant::now();
+    let step = s.step;
+    let engine = s.engine.as_mut().expect("called with an engine");
+    let mut names = Vec::with_capacity(each.len());
+    let mut ids = Vec::with_capacity(each.len());
+    for (k, (fast, _, prompts, _)) in each.iter().enumerate() {
+        let name = format!("fast-s{step}-t{k}");
+        engine.load_extra(s.policy, fast, &name)?;
+        names.push(name);
+        ids.push(engine.encode(prompts, &params)?);
+    }
+    let mut rows = Vec::with_capacity(each.len() * q);
+    for (k, (_, _, _, seed)) in each.iter().enumerate() {
+        for j in 0..q {
+            rows.push(Row {
+                model: &names[k],
+                prompt: &ids[k][0],
+                seed: Some(row_seed(*seed, j as u64)),
+            });
+        }
+    }
+    let comps = engine.generate_rows(&rows, &params);
+    let unloaded = engine.unload_extra();
+    let mut comps = comps?;
+    unloaded?;
+    *seconds.entry("generate".to_owned()).or_insert(0.0) += t0.elapsed().as_secs_f64();
+    let mut out = Vec::with_capacity(each.len());
+    for (_, task, _, _) in each.iter() {
+        let rest = comps.split_off(q);
+        out.push(s.score_alone(&[task], comps, q, seconds)?);
+        comps = rest;
+    }
+    Ok(out)
 }
 
 /// One meta-step of Algorithm 1 over the step's task batch; its samples
@@ -189,7 +243,24 @@ pub fn step(
         let inner_loss_of = |i: usize| loss_of(&batches[i - local.start], &t);
         // Lines 10–12 per task: adapt, then sample with θ_i.
         let mut ads: Vec<Adapted> = Vec::with_capacity(local.len());
-        for i in local.clone() {
+        let on_engine = s.engine.is_some();
+        if on_engine {
+            // On vLLM, every θ_i first, then their samples in one batch.
+            for i in local.clone() {
+                let ad = adapt(s.policy, &theta, &inner, inner_loss_of(i))?;
+                inner_first += ad.losses.first().copied().unwrap_or(0.0) / tasks.len() as f64;
+                ads.push(ad);
+            }
+            let before: f64 = seconds.values().sum();
+            let each: Vec<(&Weights, &Task, &[String], u64)> = local
+                .clone()
+                .zip(&ads)
+                .map(|(i, ad)| (&ad.fast, tasks[i], &prompts[i..=i], mix(seed, i as u64 + 1)))
+                .collect();
+            queries = sample_all_on_engine(s, &each, q, &mut seconds)?;
+            outside += seconds.values().sum::<f64>() - before;
+        }
+        for i in local.clone().filter(|_| !on_engine) {
             let task = tasks[i];
             let ad = adapt(s.policy, &theta, &inner, inner_loss_of(i))?;
             inner_first += ad.losses.first().copied().unwrap_or(0.0) / tasks.len() as f64;

@@ -27,7 +27,10 @@ pub fn step(
         .map(|task| task_prompt(&t.instruction, task))
         .collect();
     let mut seconds = BTreeMap::new();
-    let ro = s.sample(&tasks, &prompts, t.group_size, seed, &mut seconds)?;
+    let ro = s.sample_or_collect(&tasks, &prompts, t.group_size, seed, &mut seconds)?;
+    // Overlap: the servers generate the next step's rollouts with these
+    // weights while this step updates them.
+    s.start_next(&mut seconds)?;
 
     let t0 = Instant::now();
     let lr = s.schedule.lr_at(s.step);
