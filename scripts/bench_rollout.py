@@ -27,7 +27,7 @@ from benchcfg import run_header  # noqa: E402
 TASK_IDS = ["easy/add", "easy/is_even", "easy/reverse_string", "easy/factorial"]
 
 
-def side(a, model, work, engine):
+def side(a, model, work, engine, overlap=False):
     by_id = {}
     with open(os.path.join(ROOT, "data", "easy_python.jsonl")) as f:
         for line in f:
@@ -38,7 +38,8 @@ def side(a, model, work, engine):
     with open(tpath, "w") as f:
         for t in tasks:
             f.write(json.dumps(t) + "\n")
-    cfg = run_header(engine, os.path.join(work, "runs"), model, seed=a.seed, lora_rank=a.lora_rank,
+    name = engine + ("-overlap" if overlap else "")
+    cfg = run_header(name, os.path.join(work, "runs"), model, seed=a.seed, lora_rank=a.lora_rank,
                      dropout=0.0, device=a.device) + f"""[generation]
 max_new_tokens = {a.max_new_tokens}
 temperature = 1.0
@@ -60,8 +61,10 @@ keep_last = 1
 engine = "{engine}"
 [rollout.vllm]
 max_model_len = 2048
+overlap = {"true" if overlap else "false"}
+tis_cap = {2.0 if overlap else 0.0}
 """
-    cpath = os.path.join(work, f"{engine}.toml")
+    cpath = os.path.join(work, f"{name}.toml")
     with open(cpath, "w") as f:
         f.write(cfg)
     t0 = time.time()
@@ -69,11 +72,11 @@ max_model_len = 2048
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.time() - t0
     if p.returncode != 0:
-        log = os.path.join(work, "runs", engine, "vllm", "server.log")
+        log = os.path.join(work, "runs", name, "vllm", "server.log")
         tail = open(log).read()[-6000:] if os.path.exists(log) else ""
         sys.exit(f"falcon train ({engine}) failed:\n{p.stderr[-3000:]}\n--- end of {log}:\n{tail}")
     ready = re.search(r"vLLM ready at \S+ in (\d+) s", p.stderr)
-    recs = [json.loads(l) for l in open(os.path.join(work, "runs", engine, "metrics.jsonl"))]
+    recs = [json.loads(l) for l in open(os.path.join(work, "runs", name, "metrics.jsonl"))]
     return recs, (float(ready.group(1)) if ready else None), wall
 
 
@@ -84,10 +87,12 @@ def summary(recs):
     tps = [t / g for t, g in zip(toks, gen)]
     sync = [r["seconds"].get("sync", 0.0) for r in timed]
     mm = [r["mismatch"]["abs_mean"] for r in timed if "mismatch" in r]
+    step = [sum(r["seconds"].values()) for r in timed]
     return {
         "tok_s": statistics.median(tps), "tok_s_min": min(tps), "tok_s_max": max(tps),
         "generate_s": statistics.median(gen), "tokens": statistics.median(toks),
         "sync_s": statistics.median(sync), "mismatch_abs_mean": statistics.median(mm) if mm else None,
+        "step_s": statistics.median(step), "step_s_min": min(step), "step_s_max": max(step),
     }
 
 
@@ -102,6 +107,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--no-overlap", action="store_true", help="leave out the vLLM run with [rollout.vllm] overlap")
     a = ap.parse_args()
     if a.steps < 2:
         sys.exit("--steps must be >= 2 (the first step is warm-up)")
@@ -110,6 +116,7 @@ def main():
     try:
         native, _, native_wall = side(a, model, work, "native")
         vllm, start_s, vllm_wall = side(a, model, work, "vllm")
+        over = None if a.no_overlap else side(a, model, work, "vllm", overlap=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     n, v = summary(native), summary(vllm)
@@ -125,7 +132,15 @@ def main():
           f"|d log p| vs trainer {v['mismatch_abs_mean']:.2e}; run {vllm_wall:.0f} s")
     ratio = v["tok_s"] / n["tok_s"]
     print(f"ratio vLLM / native tokens/s: {ratio:.2f}x")
-    print(json.dumps({"native": n, "vllm": v, "vllm_start_s": start_s, "ratio": ratio,
+    print(f"step time (generate + exec + reward + sync + update): native {n['step_s']:.1f} s, vLLM {v['step_s']:.1f} s")
+    o = None
+    if over is not None:
+        o = summary(over[0])
+        # With overlap, `generate` is the wait for rollouts started during the previous update.
+        print(f"vLLM with overlap (one step off-policy, tis_cap 2): step {o['step_s']:.1f} s ({o['step_s_min']:.1f}-{o['step_s_max']:.1f}), "
+              f"waiting for rollouts {o['generate_s']:.1f} s; step time ratio without / with overlap {v['step_s'] / o['step_s']:.2f}x; "
+              f"|d log p| (now includes one step of staleness) {o['mismatch_abs_mean']:.2e}")
+    print(json.dumps({"native": n, "vllm": v, "vllm_overlap": o, "vllm_start_s": start_s, "ratio": ratio,
                       "native_run_s": native_wall, "vllm_run_s": vllm_wall, "load": load}))
 
 

@@ -110,6 +110,13 @@ impl Section for RolloutConfig {
     fn validate_into(&self, path: &str, problems: &mut Problems) {
         let v = &self.vllm;
         let p = format!("{path}.vllm");
+        if !v.urls.is_empty() && self.engine != EngineKind::Vllm {
+            problems.push(
+                &format!("{p}.urls"),
+                &v.urls,
+                "name vLLM servers, but the engine is native: set [rollout] engine = \"vllm\" (or remove urls)",
+            );
+        }
         if v.overlap && self.engine != EngineKind::Vllm {
             problems.push(
                 &format!("{p}.overlap"),
