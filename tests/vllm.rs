@@ -321,8 +321,9 @@ fn processes() -> Vec<(u32, u32, String)> {
 }
 
 /// A training run on a managed server, SIGKILLed mid-run: the server and
-/// every process it started go with falcon; the run resumes (a new server)
-/// and finishes, with the sync time and the log-prob check in its metrics.
+/// every process it started go with falcon; the run resumes (a new server),
+/// survives that server being SIGKILLed in turn (started again once), and
+/// finishes, with the sync time and the log-prob check in its metrics.
 #[test]
 fn a_sigkilled_run_leaves_no_server_and_resumes_on_a_new_one() {
     vllm_python();
@@ -331,7 +332,7 @@ fn a_sigkilled_run_leaves_no_server_and_resumes_on_a_new_one() {
     let runs = work.path().join("runs");
     let text = std::fs::read_to_string(root().join("configs/lora-smoke.toml"))
         .unwrap()
-        .replace("steps = 1", "steps = 3")
+        .replace("steps = 1", "steps = 4")
         .replace("name = \"lora-smoke\"", "name = \"vllm-kill\"")
         .replace("temperature = 0.0", "temperature = 0.8");
     let text = format!(
@@ -353,11 +354,12 @@ fn a_sigkilled_run_leaves_no_server_and_resumes_on_a_new_one() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // Killed once the first step is written: the server is up, with its
-    // engine and worker processes.
+    // Killed once the first step's checkpoint is published: the server is
+    // up, with its engine and worker processes, and there is a step to
+    // resume from.
     let t0 = Instant::now();
     let metrics = run.join("metrics.jsonl");
-    while !std::fs::read_to_string(&metrics).is_ok_and(|t| t.lines().count() >= 1) {
+    while !run.join("step-1").is_dir() {
         assert!(
             t0.elapsed() < Duration::from_secs(400),
             "no step within 400 s; server log: {}",
@@ -403,20 +405,54 @@ fn a_sigkilled_run_leaves_no_server_and_resumes_on_a_new_one() {
         std::thread::sleep(Duration::from_millis(250));
     }
 
-    let o = Command::new(env!("CARGO_BIN_EXE_falcon"))
+    // The resumed session's server is SIGKILLed after that session's first
+    // step: falcon starts it again once and finishes the run.
+    let out_path = work.path().join("resume.out");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_falcon"))
         .current_dir(root())
         .args(["train", "--config", cfg_path.to_str().unwrap(), "--resume"])
-        .output()
+        .stdout(std::fs::File::create(work.path().join("resume.stdout")).unwrap())
+        .stderr(std::fs::File::create(&out_path).unwrap())
+        .spawn()
         .unwrap();
-    let out = crate::common::text(&o);
-    assert!(o.status.success(), "{out}");
+    let t2 = Instant::now();
+    while !std::fs::read_to_string(&out_path)
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("step "))
+    {
+        assert!(
+            t2.elapsed() < Duration::from_secs(400),
+            "no resumed step within 400 s"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the resumed run exited early"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let server: Vec<u32> = processes()
+        .into_iter()
+        .filter(|p| p.2.contains(&needle) && p.0 == p.1)
+        .map(|p| p.0)
+        .collect();
+    assert_eq!(server.len(), 1, "one server leads its group");
+    // SAFETY: signalling a process group this test's falcon started.
+    unsafe { libc::killpg(server[0] as i32, libc::SIGKILL) };
+    let status = child.wait().unwrap();
+    let out = std::fs::read_to_string(&out_path).unwrap();
+    assert!(status.success(), "{out}");
     assert!(out.contains("resumed from"), "{out}");
+    assert!(
+        out.contains("starting it again"),
+        "the dead server was not restarted: {out}"
+    );
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&metrics)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines.len(), 4, "{lines:?}");
     for l in &lines {
         assert!(l["seconds"]["sync"].as_f64().is_some(), "{l}");
         let m = &l["mismatch"];
@@ -428,4 +464,45 @@ fn a_sigkilled_run_leaves_no_server_and_resumes_on_a_new_one() {
         .filter(|p| p.2.contains(&needle))
         .collect();
     assert!(left.is_empty(), "a finished run left a server: {left:?}");
+}
+
+/// Real vLLM given a model directory it cannot load: the start fails as
+/// soon as the server exits, naming its log and quoting its error.
+#[test]
+fn a_model_vllm_cannot_load_is_reported_with_the_servers_log() {
+    use falcon_rl::model::vllm::{ServerSpec, VllmServer};
+    let python = vllm_python();
+    let work = tmpdir();
+    let model = work.path().join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(
+        model.join("config.json"),
+        r#"{"model_type": "no-such-architecture"}"#,
+    )
+    .unwrap();
+    let spec = ServerSpec {
+        python,
+        model_dir: model,
+        dtype: Dtype::Fp32,
+        port: 0,
+        max_model_len: 256,
+        max_lora_rank: None,
+        max_loras: 1,
+        cpu_kv_cache_gib: Some(1.0),
+        gpu_memory_utilization: 0.3,
+        extra_args: vec![],
+        log: work.path().join("server.log"),
+        start_timeout: Duration::from_secs(300),
+    };
+    let t0 = Instant::now();
+    let e = VllmServer::start(&spec, &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        t0.elapsed() < Duration::from_secs(290),
+        "waited for the timeout: {e}"
+    );
+    assert!(e.contains("exited"), "{e}");
+    assert!(e.contains("server.log"), "{e}");
+    assert!(e.contains("rror"), "the server's error is quoted: {e}");
 }

@@ -35,6 +35,14 @@ use crate::config::VllmConfig;
 const EXCERPT_CHARS: usize = 600;
 /// vLLM accepts only these `--max-lora-rank` values.
 const VLLM_LORA_RANKS: [usize; 9] = [1, 8, 16, 32, 64, 128, 256, 320, 512];
+/// The process-group leader of a managed server: runs the server, and on
+/// SIGTERM (falcon's stop, or falcon's death through the parent-death
+/// signal) passes it on, waits up to 15 s, then SIGKILLs the group.
+const GROUP_GUARD: &str = r#"trap 'kill -TERM "$pid" 2>/dev/null; i=0; while kill -0 "$pid" 2>/dev/null && [ "$i" -lt 150 ]; do sleep 0.1; i=$((i+1)); done; kill -KILL 0' TERM INT
+"$@" &
+pid=$!
+wait "$pid"
+"#;
 /// The name the managed server serves the base model under.
 const BASE_NAME: &str = "base";
 
@@ -195,8 +203,16 @@ impl VllmServer {
             .map_err(|e| ModelError::io(&spec.log, e))?;
         let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
         let err_log = log.try_clone().map_err(|e| ModelError::io(&spec.log, e))?;
-        let mut cmd = Command::new(&spec.python);
-        cmd.args(spec.args(port))
+        // A small shell leads the server's process group: vLLM's own
+        // SIGTERM shutdown can hang (seen here: the API server outlived
+        // falcon by over a minute), so the shell gives it 15 s and then
+        // SIGKILLs the whole group, engine and workers included.
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(GROUP_GUARD)
+            .arg("falcon-vllm")
+            .arg(&spec.python)
+            .args(spec.args(port))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err_log)
@@ -219,8 +235,7 @@ impl VllmServer {
                 // Its own group, so stopping it stops vLLM's engine and
                 // worker processes too.
                 libc::setpgid(0, 0);
-                // SIGTERM when falcon dies, however it dies; vLLM then
-                // stops its own children.
+                // SIGTERM to the guard when falcon dies, however it dies.
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
                 if libc::getppid() != parent {
                     libc::_exit(1);
@@ -300,11 +315,12 @@ impl VllmServer {
         ))
     }
 
-    /// SIGTERM to the server's process group, SIGKILL after 20 s; waits.
+    /// SIGTERM to the server's guard (which passes it on and SIGKILLs the
+    /// group after 15 s), SIGKILL to the group after 20 s; waits.
     pub fn stop(&mut self) {
         let pgid = self.child.id() as libc::pid_t;
-        // SAFETY: signalling our own child's group.
-        unsafe { libc::killpg(pgid, libc::SIGTERM) };
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pgid, libc::SIGTERM) };
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_secs(20) {
             if !matches!(self.child.try_wait(), Ok(None)) {
@@ -833,10 +849,28 @@ impl VllmEngine {
     /// name, loaded, and the previous one unloaded and deleted, so no stale
     /// prefix-cache block or adapter outlives its step. Full weights: a
     /// merged directory reloaded in place, and the prefix cache reset.
+    /// A managed server found dead here is started again once.
     pub fn sync(&mut self, policy: &Policy, version: u64) -> Result<f64, ModelError> {
         if self.synced == Some(version) {
             return Ok(0.0);
         }
+        let t0 = Instant::now();
+        match self.sync_now(policy, version) {
+            Ok(secs) => Ok(secs),
+            Err(e) if !self.server_died() => Err(e),
+            Err(_) => {
+                self.restart(policy, version)?;
+                Ok(t0.elapsed().as_secs_f64())
+            }
+        }
+    }
+
+    /// Whether falcon's own server has died.
+    fn server_died(&mut self) -> bool {
+        self.server.as_mut().is_some_and(|s| !s.alive())
+    }
+
+    fn sync_now(&mut self, policy: &Policy, version: u64) -> Result<f64, ModelError> {
         let t0 = Instant::now();
         if self.lora {
             let name = format!("policy-v{version}");
@@ -871,11 +905,10 @@ impl VllmEngine {
         prompts: &[String],
         params: &GenerationParams,
     ) -> Result<Vec<Completion>, ModelError> {
-        let dead = |e: &mut Self| e.server.as_mut().is_some_and(|s| !s.alive());
-        if !dead(self) {
+        if !self.server_died() {
             match self.generate(prompts, params) {
                 Ok(c) => return Ok(c),
-                Err(e) if !dead(self) => return Err(e),
+                Err(e) if !self.server_died() => return Err(e),
                 Err(_) => {}
             }
         }
@@ -917,7 +950,7 @@ impl VllmEngine {
         self.adapter = None;
         self.retired.clear();
         self.synced = None;
-        self.sync(policy, version).map(|_| ())
+        self.sync_now(policy, version).map(|_| ())
     }
 }
 
