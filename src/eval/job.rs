@@ -128,24 +128,19 @@ pub fn run(
     let mut scratch = Scratch(None);
     let engine = match (cfg.rollout.engine, policy) {
         (EngineKind::Vllm, Some(p)) => {
-            let work = match out {
-                Some(o) => PathBuf::from(format!("{}.vllm", o.display())),
-                None => {
-                    let d = std::env::temp_dir()
-                        .join(format!("falcon-eval-vllm-{}", std::process::id()));
-                    scratch.0 = Some(d.clone());
-                    d
-                }
+            // What the server reads (an export of the policy) is scratch;
+            // its log is kept beside the results.
+            let work =
+                std::env::temp_dir().join(format!("falcon-eval-vllm-{}", std::process::id()));
+            scratch.0 = Some(work.clone());
+            let log = match out {
+                Some(o) => PathBuf::from(format!("{}.vllm.log", o.display())),
+                None => std::env::temp_dir()
+                    .join(format!("falcon-eval-vllm-{}.log", std::process::id())),
             };
-            let mut e = VllmEngine::start(
-                &cfg.rollout.vllm,
-                p,
-                0,
-                2,
-                &work,
-                &work.join("server.log"),
-                &mut |m| progress.message(m),
-            )?;
+            let mut e = VllmEngine::start(&cfg.rollout.vllm, p, 0, 2, &work, &log, &mut |m| {
+                progress.message(m)
+            })?;
             e.sync(p, 0)?;
             Some(e)
         }
