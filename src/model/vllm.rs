@@ -759,6 +759,18 @@ impl VllmEngine {
     ) -> Result<Self, ModelError> {
         let tokenizer = policy.tokenizer()?.clone();
         let lora = policy.lora.is_some();
+        let tied = policy.hf_config.get("tie_word_embeddings") == Some(&Value::Bool(true));
+        if !lora && tied {
+            // Measured here: after `reload_weights` vLLM 0.32 logs
+            // "ParallelLMHead: Failed to load weights" and keeps the old
+            // output layer, so every step would sample from stale logits.
+            return Err(ModelError::Invalid(
+                "full fine-tuning of a model with tied input/output embeddings \
+                 (tie_word_embeddings) cannot sync to vLLM 0.32: its weight reload leaves the \
+                 tied output layer stale; enable [model.lora] or use the native engine"
+                    .into(),
+            ));
+        }
         std::fs::create_dir_all(work).map_err(|e| ModelError::io(work, e))?;
         // Absolute, because the server resolves paths from its own cwd.
         let work = std::fs::canonicalize(work).map_err(|e| ModelError::io(work, e))?;
