@@ -757,7 +757,6 @@ impl VllmEngine {
         log: &Path,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Self, ModelError> {
-        let tokenizer = policy.tokenizer()?.clone();
         let lora = policy.lora.is_some();
         let tied = policy.hf_config.get("tie_word_embeddings") == Some(&Value::Bool(true));
         if !lora && tied {
@@ -771,6 +770,7 @@ impl VllmEngine {
                     .into(),
             ));
         }
+        let tokenizer = policy.tokenizer()?.clone();
         std::fs::create_dir_all(work).map_err(|e| ModelError::io(work, e))?;
         // Absolute, because the server resolves paths from its own cwd.
         let work = std::fs::canonicalize(work).map_err(|e| ModelError::io(work, e))?;
@@ -1145,6 +1145,38 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("no config.json"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn full_weights_of_a_tied_model_are_refused_before_a_server_starts() {
+        let d = std::env::temp_dir().join(format!("falcon-vllm-tied-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let config = json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+            "vocab_size": 64, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "tie_word_embeddings": true, "hidden_act": "silu",
+        });
+        super::super::generate::write_random_model(&d, &config, 1, 0.3).unwrap();
+        let policy = Policy::load(&d, Dtype::Fp32, tch::Device::Cpu).unwrap();
+        let e = VllmEngine::start(
+            &VllmConfig::default(),
+            &policy,
+            0,
+            1,
+            &d.join("work"),
+            &d.join("server.log"),
+            &mut |_| {},
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("tie_word_embeddings"), "{e}");
+        assert!(
+            !d.join("work").exists(),
+            "nothing written for a refused engine"
+        );
         let _ = std::fs::remove_dir_all(&d);
     }
 
