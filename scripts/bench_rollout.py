@@ -22,22 +22,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from bench_generate import resolve_model  # noqa: E402
-from benchcfg import run_header  # noqa: E402
-
-TASK_IDS = ["easy/add", "easy/is_even", "easy/reverse_string", "easy/factorial"]
+from benchcfg import run_header, write_step_tasks  # noqa: E402
 
 
 def side(a, model, work, engine, overlap=False):
-    by_id = {}
-    with open(os.path.join(ROOT, "data", "easy_python.jsonl")) as f:
-        for line in f:
-            t = json.loads(line)
-            by_id[t["id"]] = t
-    tasks = [dict(by_id[i], id=f"{i}#{k}") for k, i in enumerate((TASK_IDS * ((a.prompts + 3) // 4))[: a.prompts])]
-    tpath = os.path.join(work, "tasks.jsonl")
-    with open(tpath, "w") as f:
-        for t in tasks:
-            f.write(json.dumps(t) + "\n")
+    tpath = write_step_tasks(ROOT, a.prompts, os.path.join(work, "tasks.jsonl"))
     name = engine + ("-overlap" if overlap else "")
     cfg = run_header(name, os.path.join(work, "runs"), model, seed=a.seed, lora_rank=a.lora_rank,
                      dropout=0.0, device=a.device) + f"""[generation]

@@ -22,24 +22,11 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from bench_generate import resolve_model  # noqa: E402  (falcon resolves/converts the model once)
-from benchcfg import run_header  # noqa: E402
-TASK_IDS = ["easy/add", "easy/is_even", "easy/reverse_string", "easy/factorial"]
+from benchcfg import run_header, write_step_tasks  # noqa: E402
 
 
 def falcon_side(a, model, work):
-    by_id = {}
-    with open(os.path.join(ROOT, "data", "easy_python.jsonl")) as f:
-        for line in f:
-            t = json.loads(line)
-            by_id[t["id"]] = t
-    tasks = [by_id[i] for i in (TASK_IDS * ((a.prompts + 3) // 4))[: a.prompts]]
-    # Distinct ids when N > 4 repeats a task.
-    for k, t in enumerate(tasks):
-        tasks[k] = dict(t, id=f"{t['id']}#{k}")
-    tpath = os.path.join(work, "tasks.jsonl")
-    with open(tpath, "w") as f:
-        for t in tasks:
-            f.write(json.dumps(t) + "\n")
+    tpath = write_step_tasks(ROOT, a.prompts, os.path.join(work, "tasks.jsonl"))
     cfg = run_header("bench", os.path.join(work, "runs"), model, seed=a.seed, lora_rank=a.lora_rank,
                      dropout=0.0) + f"""[generation]
 max_new_tokens = {a.max_new_tokens}

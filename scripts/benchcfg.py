@@ -1,6 +1,6 @@
 """What the bench and check scripts share: the run-config header ([run], [model] and a LoRA
-adapter on the attention projections; each script appends its own sections), and the
-atomic copy that keeps their results under results/."""
+adapter on the attention projections; each script appends its own sections), the RL-step
+benchmarks' task file, and the atomic copy that keeps their results under results/."""
 import json
 import os
 import shutil
@@ -36,3 +36,22 @@ def run_header(name, output_dir, model, *, seed=1, device="cpu", lora_rank=16, d
         lines.append(f"dropout = {dropout}")
     lines.append('targets = ["q_proj", "k_proj", "v_proj", "o_proj"]')
     return "\n".join(lines) + "\n"
+
+
+# The RL-step benchmarks' prompts: four tasks of data/easy_python.jsonl.
+STEP_TASK_IDS = ["easy/add", "easy/is_even", "easy/reverse_string", "easy/factorial"]
+
+
+def write_step_tasks(root, n, path):
+    """Writes `n` tasks to `path` (JSONL): STEP_TASK_IDS repeated as needed, each with a
+    distinct id (`easy/add#0`, ...), so N > 4 prompts are N tasks."""
+    by_id = {}
+    with open(os.path.join(root, "data", "easy_python.jsonl")) as f:
+        for line in f:
+            t = json.loads(line)
+            by_id[t["id"]] = t
+    ids = (STEP_TASK_IDS * ((n + 3) // 4))[:n]
+    with open(path, "w") as f:
+        for k, i in enumerate(ids):
+            f.write(json.dumps(dict(by_id[i], id=f"{i}#{k}")) + "\n")
+    return path

@@ -211,7 +211,7 @@ struct Message {
 /// OpenAI's `finish_reason` does not tell a stop string from end of
 /// sequence; vLLM's `stop_reason` does, when it names one of ours. Reasons
 /// with no counterpart (`content_filter`, `tool_calls`, absent) read as `Eos`.
-fn finish_reason(
+pub(super) fn finish_reason(
     finish: Option<&str>,
     stop_reason: Option<&Value>,
     stops: &[String],

@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 
 use super::generate::encode_prompts;
 use super::TextTokenizer;
-use super::{Completion, Dtype, FinishReason, GenerationParams, Generator, ModelError, Policy};
+use super::{Completion, Dtype, GenerationParams, Generator, ModelError, Policy};
 use crate::config::VllmConfig;
 
 /// How much of a response body or a log an error message quotes.
@@ -48,12 +48,7 @@ const BASE_NAME: &str = "base";
 
 /// Where `scripts/setup-vllm` puts its virtualenv's Python.
 pub fn default_python() -> PathBuf {
-    let cache = std::env::var_os("FALCON_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("falcon-rl")))
-        .or_else(|| std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/falcon-rl")))
-        .unwrap_or_else(|| PathBuf::from(".cache/falcon-rl"));
-    cache.join("venv-vllm-0.32.0/bin/python")
+    crate::config::cache_dir().join("venv-vllm-0.32.0/bin/python")
 }
 
 /// How to start a managed server.
@@ -387,6 +382,8 @@ pub struct VllmClient {
     agent: ureq::Agent,
     parallel: usize,
     next: AtomicUsize,
+    /// Whether requests carry their seed ([`VllmClient::seeded`]).
+    seeded: bool,
 }
 
 impl Clone for VllmClient {
@@ -396,6 +393,7 @@ impl Clone for VllmClient {
             agent: self.agent.clone(),
             parallel: self.parallel,
             next: AtomicUsize::new(self.next.load(Ordering::Relaxed)),
+            seeded: self.seeded,
         }
     }
 }
@@ -429,11 +427,19 @@ impl VllmClient {
             agent: agent(request_timeout),
             parallel: parallel.max(1),
             next: AtomicUsize::new(0),
+            seeded: true,
         }
     }
 
     pub fn urls(&self) -> &[String] {
         &self.urls
+    }
+
+    /// With `false`, requests go without their seed (see
+    /// `[rollout.vllm] seed_requests`).
+    pub fn seeded(mut self, on: bool) -> Self {
+        self.seeded = on;
+        self
     }
 
     /// POST `body` to `path` on `url`; the JSON answer, or an error quoting it.
@@ -548,7 +554,7 @@ impl VllmClient {
         if !params.stop.is_empty() {
             body["stop"] = json!(params.stop);
         }
-        if let Some(seed) = seed {
+        if let Some(seed) = seed.filter(|_| self.seeded) {
             body["seed"] = json!(seed);
         }
         let v = self.post(url, "/v1/completions", &body)?;
@@ -584,13 +590,11 @@ impl VllmClient {
                 token_ids.len()
             )));
         }
-        let finish = match c.finish_reason.as_deref() {
-            Some("length") => FinishReason::Length,
-            _ => match c.stop_reason {
-                Some(Value::String(s)) => FinishReason::Stop(s),
-                _ => FinishReason::Eos,
-            },
-        };
+        let finish = super::openai::finish_reason(
+            c.finish_reason.as_deref(),
+            c.stop_reason.as_ref(),
+            &params.stop,
+        );
         Ok(Completion {
             text: c.text,
             prompt_ids: prompt.to_vec(),
@@ -668,6 +672,15 @@ pub struct Row<'a> {
     pub seed: Option<u64>,
 }
 
+/// A failed request's error, naming a managed server's `log` (a vLLM 500
+/// says no more than "see the stack trace above").
+fn with_log(e: ModelError, log: Option<&Path>) -> ModelError {
+    match log {
+        Some(l) => ModelError::Invalid(format!("{e} (the vLLM server's log: {})", l.display())),
+        None => e,
+    }
+}
+
 /// The seed of row `row` of a call seeded `seed`: rows differ, and a row
 /// draws the same wherever it is sent (a data-parallel shard's rows).
 pub fn row_seed(seed: u64, row: u64) -> u64 {
@@ -724,8 +737,6 @@ pub struct VllmEngine {
     keep_previous: usize,
     lora: bool,
     synced: Option<u64>,
-    /// Whether sampled requests carry their seed.
-    seeded: bool,
 }
 
 impl std::fmt::Debug for VllmEngine {
@@ -813,7 +824,7 @@ impl VllmEngine {
         };
         let synced = (server.is_some() && !lora).then_some(version);
         let on_cpu = !policy.device().is_cuda();
-        let seeded = cfg.seed_requests.unwrap_or(!(cfg.managed() && on_cpu));
+        let client = client.seeded(cfg.seed_requests.unwrap_or(!(cfg.managed() && on_cpu)));
         let (server, spec) = server.unzip();
         Ok(VllmEngine {
             server,
@@ -828,7 +839,6 @@ impl VllmEngine {
             keep_previous: 0,
             lora,
             synced,
-            seeded,
         })
     }
 
@@ -928,16 +938,9 @@ impl VllmEngine {
         self.generate(prompts, params)
     }
 
-    /// A failed request's error, naming a managed server's log (a vLLM 500
-    /// says no more than "see the stack trace above").
-    fn with_log(&self, e: ModelError) -> ModelError {
-        match &self.server {
-            Some(s) => ModelError::Invalid(format!(
-                "{e} (the vLLM server's log: {})",
-                s.log().display()
-            )),
-            None => e,
-        }
+    /// A managed server's log.
+    fn log(&self) -> Option<&Path> {
+        self.server.as_ref().map(VllmServer::log)
     }
 
     /// Start a dead managed server again, at the same port, and bring it
@@ -983,20 +986,12 @@ impl VllmEngine {
         let ids = self.encode(prompts, params)?;
         let client = self.client.clone();
         let model = self.model_name().to_owned();
-        let mut params = params.clone();
-        if !self.seeded {
-            params.seed = None;
-        }
-        let log = self.server.as_ref().map(|s| s.log().to_path_buf());
+        let params = params.clone();
+        let log = self.log().map(Path::to_path_buf);
         let handle = std::thread::spawn(move || {
             client
                 .complete_all(&model, &ids, &params)
-                .map_err(|e| match log {
-                    Some(l) => {
-                        ModelError::Invalid(format!("{e} (the vLLM server's log: {})", l.display()))
-                    }
-                    None => e,
-                })
+                .map_err(|e| with_log(e, log.as_deref()))
         });
         Ok(Pending { handle })
     }
@@ -1042,16 +1037,9 @@ impl VllmEngine {
         rows: &[Row],
         params: &GenerationParams,
     ) -> Result<Vec<Completion>, ModelError> {
-        let unseeded: Vec<Row>;
-        let rows = if self.seeded {
-            rows
-        } else {
-            unseeded = rows.iter().map(|r| Row { seed: None, ..*r }).collect();
-            &unseeded
-        };
         self.client
             .complete_rows(rows, params)
-            .map_err(|e| self.with_log(e))
+            .map_err(|e| with_log(e, self.log()))
     }
 }
 
@@ -1061,26 +1049,34 @@ impl Generator for VllmEngine {
         prompts: &[String],
         params: &GenerationParams,
     ) -> Result<Vec<Completion>, ModelError> {
-        let ids = encode_prompts(&self.tokenizer, prompts, params)?;
-        let unseeded;
-        let params = if self.seeded {
-            params
-        } else {
-            unseeded = GenerationParams {
-                seed: None,
-                ..params.clone()
-            };
-            &unseeded
-        };
+        let ids = self.encode(prompts, params)?;
         self.client
             .complete_all(self.model_name(), &ids, params)
-            .map_err(|e| self.with_log(e))
+            .map_err(|e| with_log(e, self.log()))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A spec for `model_dir`, run by `python`, with a short start deadline.
+    fn spec(python: PathBuf, model_dir: &Path, timeout_s: u64) -> ServerSpec {
+        ServerSpec {
+            python,
+            model_dir: model_dir.to_path_buf(),
+            dtype: Dtype::Fp32,
+            port: 0,
+            max_model_len: 64,
+            max_lora_rank: None,
+            max_loras: 1,
+            cpu_kv_cache_gib: Some(1.0),
+            gpu_memory_utilization: 0.3,
+            extra_args: vec![],
+            log: model_dir.join("server.log"),
+            start_timeout: Duration::from_secs(timeout_s),
+        }
+    }
 
     #[test]
     fn row_seeds_differ_by_row_and_fit_i64() {
@@ -1096,18 +1092,10 @@ mod tests {
     #[test]
     fn lora_rank_rounds_up_to_one_vllm_takes() {
         let spec = ServerSpec {
-            python: "python".into(),
-            model_dir: "m".into(),
-            dtype: Dtype::Fp32,
-            port: 1,
-            max_model_len: 64,
             max_lora_rank: Some(12),
             max_loras: 3,
-            cpu_kv_cache_gib: Some(1.0),
-            gpu_memory_utilization: 0.3,
             extra_args: vec!["--seed".into(), "3".into()],
-            log: "l".into(),
-            start_timeout: Duration::from_secs(1),
+            ..spec("python".into(), Path::new("m"), 1)
         };
         let a = spec.args(9);
         let at = a.iter().position(|x| x == "--max-lora-rank").unwrap();
@@ -1122,20 +1110,7 @@ mod tests {
     fn a_missing_python_or_model_is_named_before_anything_starts() {
         let d = std::env::temp_dir().join(format!("falcon-vllm-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
-        let mut spec = ServerSpec {
-            python: d.join("no-python"),
-            model_dir: d.clone(),
-            dtype: Dtype::Fp32,
-            port: 0,
-            max_model_len: 64,
-            max_lora_rank: None,
-            max_loras: 1,
-            cpu_kv_cache_gib: Some(1.0),
-            gpu_memory_utilization: 0.3,
-            extra_args: vec![],
-            log: d.join("server.log"),
-            start_timeout: Duration::from_secs(5),
-        };
+        let mut spec = spec(d.join("no-python"), &d, 5);
         let e = VllmServer::start(&spec, &mut |_| {})
             .unwrap_err()
             .to_string();
@@ -1195,20 +1170,7 @@ mod tests {
         .unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let spec = ServerSpec {
-            python: script,
-            model_dir: d.clone(),
-            dtype: Dtype::Fp32,
-            port: 0,
-            max_model_len: 64,
-            max_lora_rank: None,
-            max_loras: 1,
-            cpu_kv_cache_gib: Some(1.0),
-            gpu_memory_utilization: 0.3,
-            extra_args: vec![],
-            log: d.join("server.log"),
-            start_timeout: Duration::from_secs(60),
-        };
+        let spec = spec(script, &d, 60);
         let t0 = Instant::now();
         let e = VllmServer::start(&spec, &mut |_| {})
             .unwrap_err()

@@ -41,16 +41,16 @@ pub(super) fn tasks_for_step(n: usize, per_step: usize, seed: u64, step: u64) ->
 impl<'a> TrainState<'a> {
     /// The tasks of the current step.
     pub fn step_tasks(&self) -> Vec<&'a Task> {
+        self.tasks_at(self.step)
+    }
+
+    /// The tasks of step `step`.
+    fn tasks_at(&self, step: u64) -> Vec<&'a Task> {
         let t = &self.cfg.train;
-        tasks_for_step(
-            self.tasks.len(),
-            t.tasks_per_step,
-            self.cfg.run.seed,
-            self.step,
-        )
-        .into_iter()
-        .map(|i| &self.tasks.iter().as_slice()[i])
-        .collect()
+        tasks_for_step(self.tasks.len(), t.tasks_per_step, self.cfg.run.seed, step)
+            .into_iter()
+            .map(|i| &self.tasks.iter().as_slice()[i])
+            .collect()
     }
 
     /// `g` scored samples per task with the policy as it is now (fast
@@ -135,16 +135,17 @@ impl<'a> TrainState<'a> {
         }
         self.sync_engine(seconds)?;
         let t = &self.cfg.train;
-        let tasks = tasks_for_step(self.tasks.len(), t.tasks_per_step, self.cfg.run.seed, next);
-        let expanded: Vec<String> = tasks
+        let expanded: Vec<String> = self
+            .tasks_at(next)
             .into_iter()
-            .flat_map(|i| {
-                let p =
-                    crate::rollout::task_prompt(&t.instruction, &self.tasks.iter().as_slice()[i]);
-                std::iter::repeat_n(p, t.group_size)
+            .flat_map(|task| {
+                std::iter::repeat_n(
+                    crate::rollout::task_prompt(&t.instruction, task),
+                    t.group_size,
+                )
             })
             .collect();
-        let params = generation_params(&self.cfg.generation, mix(self.cfg.run.seed, next));
+        let params = generation_params(&self.cfg.generation, self.seed_at(next));
         let engine = self.engine.as_ref().expect("checked above");
         self.pending = Some((next, engine.spawn_generate(&expanded, &params)?));
         Ok(())

@@ -507,7 +507,12 @@ impl<'a> TrainState<'a> {
     /// The seed of the current step: the sampler's, and libtorch's global
     /// generator's (dropout) once the step starts.
     pub fn step_seed(&self) -> u64 {
-        mix(self.cfg.run.seed, self.step)
+        self.seed_at(self.step)
+    }
+
+    /// The seed of step `step`.
+    pub(super) fn seed_at(&self, step: u64) -> u64 {
+        mix(self.cfg.run.seed, step)
     }
 
     fn load_checkpoint(&mut self, dir: &Path) -> Result<(), TrainError> {

@@ -133,14 +133,14 @@ fn sample_at(
     outside: &mut f64,
 ) -> Result<Rollout, TrainError> {
     let before: f64 = seconds.values().sum();
-    let mut slot: Weights = fast
-        .iter()
-        .map(|(n, x)| (n.clone(), x.shallow_clone()))
-        .collect();
     let qr = if s.engine.is_some() {
         // The vLLM engine serves θ_i as an adapter of its own.
         sample_all_on_engine(s, &[(fast, task, prompts, seed)], q, seconds).map(|mut v| v.remove(0))
     } else {
+        let mut slot: Weights = fast
+            .iter()
+            .map(|(n, x)| (n.clone(), x.shallow_clone()))
+            .collect();
         s.policy.swap_adapters(&mut slot)?;
         let qr = s.sample_alone(&[task], prompts, q, seed, seconds);
         s.policy.swap_adapters(&mut slot)?;
