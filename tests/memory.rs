@@ -169,7 +169,11 @@ fn long_term_retrieves_similar_tasks_and_survives_reopen() {
         assert!(h.windows(2).all(|w| w[0].score >= w[1].score));
     }
     // Table 7 carries the history and the errors to avoid.
-    let p = table7_prompt(queries[1], &hits[1]);
+    let p = table7_prompt(
+        queries[1],
+        &hits[1],
+        &mut falcon_rl::memory::render::View::full(),
+    );
     assert!(p.contains("Task: Write a function to find the maximum of a list of numbers."));
     assert!(
         p.contains("- Historical Task: Write a function to find the maximum element of a list.")

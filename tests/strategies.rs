@@ -40,14 +40,14 @@ impl<F: Fn(&str) -> String> Generator for Scripted<F> {
     fn generate(
         &self,
         prompts: &[String],
-        _params: &GenerationParams,
+        params: &GenerationParams,
     ) -> Result<Vec<Completion>, ModelError> {
         let mut seen = self.seen.lock().unwrap();
         Ok(prompts
             .iter()
             .map(|p| {
                 seen.push(p.clone());
-                Completion::text_only((self.f)(p), FinishReason::Eos)
+                Completion::text_only(continued((self.f)(p), params), FinishReason::Eos)
             })
             .collect())
     }
@@ -77,6 +77,18 @@ fn sandbox(uid_base: u32) -> Sandbox {
         ..ExecConfig::default()
     })
     .unwrap_or_else(|e| panic!("sandbox: {e}"))
+}
+
+/// A scripted answer as a model continuing `params.prefill` returns it: the
+/// script writes the whole answer, which must start with the prefill.
+fn continued(answer: String, params: &GenerationParams) -> String {
+    match answer.strip_prefix(params.prefill.as_str()) {
+        Some(rest) => rest.to_owned(),
+        None => panic!(
+            "answer {answer:?} does not start with the prefill {:?}",
+            params.prefill
+        ),
+    }
 }
 
 fn py(code: &str) -> String {
@@ -152,8 +164,8 @@ fn memocoder_tasks() -> Vec<Task> {
 /// `add` and `never`, an undefined name for the rest), a right repair
 /// (never for `never`).
 fn memocoder_answer(p: &str) -> String {
-    if p.contains("different step-by-step plans") {
-        return "Plan 1: do it directly.\nPlan 2: use a helper.\nPlan 3: loop.".into();
+    if p.contains(PLANNER) {
+        return "Plan 1:\n1. First, do it directly.\nPlan 2:\n1. use a helper function\nPlan 3:\n1. loop over the inputs".into();
     }
     let f = which(p);
     let repair = p.contains("This solution was written earlier");
@@ -171,6 +183,9 @@ fn memocoder_answer(p: &str) -> String {
     };
     py(code)
 }
+
+/// What only the planner's prompt says.
+const PLANNER: &str = "different plans for solving it";
 
 const MENTOR_ANSWER: &str =
     "1. Define every variable before the line that uses it.\n2. Spell names as in the task.";
@@ -209,7 +224,7 @@ impl Generator for Seeded {
             .iter()
             .map(|p| {
                 seen.push(p.clone());
-                let text = memocoder_answer(p)
+                let text = continued(memocoder_answer(p), params)
                     .replace("```python\n", &format!("```python\n# seed {seed}\n"));
                 Completion::text_only(text, FinishReason::Eos)
             })
@@ -378,21 +393,19 @@ fn memocoder_repairs_learns_fixes_and_the_mentor_rewrites() {
     let seen = g.seen();
     let prompts_for = |f: &str, repair: bool| -> Vec<String> {
         seen.iter()
-            .filter(|p| !p.contains("different step-by-step plans"))
+            .filter(|p| !p.contains(PLANNER))
             .filter(|p| which(p) == f && p.contains("This solution was written earlier") == repair)
             .cloned()
             .collect()
     };
     // The planner ran once per sample; its plans reached the code writer,
     // with the guiding test and never the hidden one.
-    assert_eq!(
-        seen.iter()
-            .filter(|p| p.contains("different step-by-step plans"))
-            .count(),
-        5
-    );
+    assert_eq!(seen.iter().filter(|p| p.contains(PLANNER)).count(), 5);
     let first = &prompts_for("add", false)[0];
-    assert!(first.contains("Plan 2: use a helper."), "{first}");
+    assert!(
+        first.contains("Plan 2:\n1. use a helper function"),
+        "{first}"
+    );
     assert!(first.contains("assert add(1, 2) == 3") && !first.contains("assert add(0, 5)"));
     // `neg` is the first NameError: nothing to retrieve yet.
     let neg = &prompts_for("neg", true)[0];
@@ -455,7 +468,7 @@ fn memocoder_ablations_rounds_and_accumulation() {
     let list: Vec<&Task> = tasks.iter().collect();
     m.solve(&env_off, &list, 1, &mut |_, _| {}).unwrap();
     let seen = g.seen();
-    assert!(seen.iter().all(|p| !p.contains("step-by-step plans")
+    assert!(seen.iter().all(|p| !p.contains(PLANNER)
         && !p.contains("Plans for solving")
         && !p.contains("A past fix")
         && !p.contains("Fixing suggestions")));
@@ -476,7 +489,7 @@ fn memocoder_ablations_rounds_and_accumulation() {
     let planner_calls = |f: &str| {
         g.seen()
             .iter()
-            .filter(|p| p.contains("step-by-step plans") && which(p) == f)
+            .filter(|p| p.contains(PLANNER) && which(p) == f)
             .count()
     };
     assert_eq!(planner_calls("never"), 2);

@@ -753,7 +753,7 @@ fn meta_algorithms_train_and_fill_both_memories() {
     let hits = lt.retrieve(&emb, &[add.prompt.as_str()], 15).unwrap();
     let own = hits[0].iter().filter(|h| h.record.task_id == "add").count();
     assert!(own > 0 && own < hits[0].len(), "{own} of {}", hits[0].len());
-    let p = falcon_rl::rollout::falcon_prompt(add, &hits[0]);
+    let p = falcon_rl::rollout::falcon_prompt(add, &hits[0], &Default::default());
     assert_eq!(
         p.matches("- Historical Task:").count(),
         hits[0].len() - own,

@@ -8,10 +8,14 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use falcon_rl::config::VllmConfig;
+use falcon_rl::config::{OpenAiConfig, VllmConfig};
 use falcon_rl::model::export::{export_hf, export_peft};
+use falcon_rl::model::generate::BLOCK_END;
+use falcon_rl::model::openai::OpenAiGenerator;
 use falcon_rl::model::vllm::{default_python, Row, VllmClient, VllmEngine};
-use falcon_rl::model::{hub, Completion, Dtype, GenerationParams, Generator, LoraConfig, Policy};
+use falcon_rl::model::{
+    hub, Completion, Dtype, FinishReason, GenerationParams, Generator, LoraConfig, Policy,
+};
 use tch::Device;
 
 use crate::common::{root, tmpdir};
@@ -168,6 +172,41 @@ fn exports_serve_unchanged_in_vllm_and_the_adapter_follows_each_step() {
         v1.iter().zip(&v2).any(|(a, b)| a.token_ids != b.token_ids),
         "step 2's adapter changed no output: the check could not tell the steps apart"
     );
+    // A prefilled answer that ends where its code block closes: the
+    // engine (token ids, cut afterwards) and the OpenAI-compatible chat
+    // client (`continue_final_message`) give falcon's own answer.
+    let ask = vec!["Write a Python function add(a, b) that returns a + b.".to_string()];
+    let mut code = greedy();
+    code.max_new_tokens = 96;
+    code.prefill = "Here is the code:\n```python\n".into();
+    code.stop_at_block_end = true;
+    let native = policy.generate(&ask, &code).unwrap();
+    assert_eq!(
+        native[0].finish,
+        FinishReason::Stop(BLOCK_END.into()),
+        "{:?}",
+        native[0].text
+    );
+    assert!(native[0].text.ends_with("```") && !native[0].text.starts_with("Here is"));
+    assert_same(
+        "prefill, block end",
+        &engine.generate(&ask, &code).unwrap(),
+        &native,
+    );
+    let chat = OpenAiGenerator::new(&OpenAiConfig {
+        base_url: engine.urls()[0].clone(),
+        model: engine.model_name().to_owned(),
+        api_key_env: None,
+        timeout_secs: 120,
+    })
+    .unwrap();
+    let answer = chat.generate(&ask, &code).unwrap();
+    assert_eq!(
+        answer[0].text, native[0].text,
+        "the chat client continues the prefill"
+    );
+    assert_eq!(answer[0].finish, native[0].finish);
+
     let client = VllmClient::new(engine.urls(), Duration::from_secs(60), 1);
     let models = client.models().unwrap();
     assert!(models.contains(&"policy-v2".to_owned()), "{models:?}");

@@ -231,6 +231,10 @@ fn write_result(result: &EvalResult, out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Tokens short of the limit at which an answer of an old result counts
+/// as cut off.
+const CUT_OFF_SLACK: usize = 8;
+
 fn rescore_result(result: &Path, config: &Path, out: &Path) -> Result<()> {
     // The original is the only record of the old scoring: never replace it.
     let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
@@ -273,7 +277,44 @@ fn rescore_result(result: &Path, config: &Path, out: &Path) -> Result<()> {
             old.strategy
         );
     }
-    let r = rescore(&old, &list, &sandbox).map_err(usage)?;
+    // Results written before `finish` was recorded: an answer whose text
+    // re-encodes to within CUT_OFF_SLACK tokens of the limit ran into it
+    // (re-encoding can merge a few of the sampled tokens).
+    let unrecorded = old
+        .tasks
+        .iter()
+        .flat_map(|t| &t.samples)
+        .filter(|s| s.finish.is_none())
+        .count();
+    let policy = if unrecorded > 0 {
+        eprintln!(
+            "falcon: {unrecorded} answers do not say why they ended; those within {CUT_OFF_SLACK} tokens of max_new_tokens = {} count as cut off",
+            cfg.generation.max_new_tokens
+        );
+        Some(open_policy(&ModelSpec::of(&cfg.model))?)
+    } else {
+        None
+    };
+    let limit = cfg.generation.max_new_tokens;
+    let estimated = std::cell::Cell::new(0usize);
+    let cut_off = |s: &falcon_rl::eval::SampleResult| -> bool {
+        let Some(tok) = policy.as_ref().and_then(|p| p.tokenizer().ok()) else {
+            return false;
+        };
+        let cut = tok
+            .encode(&s.completion, false)
+            .map(|ids| ids.len() + CUT_OFF_SLACK >= limit)
+            .unwrap_or(false);
+        estimated.set(estimated.get() + cut as usize);
+        cut
+    };
+    let r = rescore(&old, &list, &sandbox, &cut_off).map_err(usage)?;
+    if unrecorded > 0 {
+        eprintln!(
+            "falcon: {} of the {unrecorded} count as cut off: only their complete statements ran",
+            estimated.get()
+        );
+    }
     let moved: usize = r.changed.values().sum();
     eprintln!("falcon: {moved} of {samples} outcomes changed");
     for ((from, to), n) in &r.changed {

@@ -12,6 +12,7 @@ use falcon_rl::memory::fixes::{
     FixEntry, FixKnowledge, Mentor, FIX_RECORD_KIND, MENTOR_RECORD_KEY, MENTOR_RECORD_KIND,
 };
 use falcon_rl::memory::guidelines::MemCoderMemory;
+use falcon_rl::memory::render::View;
 use falcon_rl::memory::stats::ErrorStats;
 use falcon_rl::memory::{long_term, open_long_term, Access, MemoryStore};
 use falcon_rl::run_dir::RunDir;
@@ -192,7 +193,10 @@ fn query(
                 );
             }
             if prompt {
-                println!("\n{}", long_term::table7_prompt(text, &hits));
+                println!(
+                    "\n{}",
+                    long_term::table7_prompt(text, &hits, &mut View::full())
+                );
             }
         }
         "fixes" => {

@@ -132,6 +132,13 @@ pub struct SamplingArgs {
     /// System message (chat mode).
     #[arg(long)]
     pub system: Option<String>,
+    /// Start of the assistant's answer; the model continues it (the output
+    /// shows only the continuation).
+    #[arg(long, default_value = "")]
+    pub prefill: String,
+    /// Stop where the answer's first ```python block closes.
+    #[arg(long)]
+    pub stop_at_block_end: bool,
     /// Do not stop at end-of-sequence tokens (fixed-length benchmarks).
     #[arg(long)]
     pub ignore_eos: bool,
@@ -167,6 +174,8 @@ impl SamplingArgs {
             system: self.system.clone(),
             ignore_eos: self.ignore_eos,
             row_offset: 0,
+            prefill: self.prefill.clone(),
+            stop_at_block_end: self.stop_at_block_end,
         })
     }
 }

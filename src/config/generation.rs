@@ -18,6 +18,9 @@ pub struct GenerationConfig {
     pub top_p: f64,
     /// Generation stops once the completion contains any of these strings.
     pub stop: Vec<String>,
+    /// Generation stops where the answer's first code block closes (the
+    /// closing fence is kept, so the code extractor sees a finished block).
+    pub stop_at_code_end: bool,
     /// Sampler seed; `None` derives it from `run.seed`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
@@ -31,6 +34,7 @@ impl Default for GenerationConfig {
             top_k: 0,
             top_p: 1.0,
             stop: Vec::new(),
+            stop_at_code_end: true,
             seed: None,
         }
     }

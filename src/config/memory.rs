@@ -45,6 +45,16 @@ pub enum GeneratorSource {
     Openai(OpenAiConfig),
 }
 
+/// How memory is shown in a prompt (`[memory] render`), docs/memory.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rendering {
+    #[default]
+    Full,
+    Renamed,
+    Brief,
+}
+
 /// `[memory]`: see docs/memory.md.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -63,6 +73,13 @@ pub struct MemoryConfig {
     pub faiss_train_size: usize,
     /// Past entries retrieved into FALCON's Table 7 prompt.
     pub top_k: usize,
+    /// How retrieved history and fixes are shown to the model: `full` (the
+    /// papers' whole code), `renamed` (whole code, every function it
+    /// defines renamed to the current task's entry point) or `brief` (no
+    /// foreign code: task, outcome and error; a fix's changed lines).
+    pub render: Rendering,
+    /// Most characters of retrieved text in one prompt (0: no limit).
+    pub render_chars: usize,
     /// Samples the short-term ring buffer holds.
     pub short_term_capacity: usize,
     /// Tokens per short-term sample (longer ones are cut).
@@ -95,6 +112,8 @@ impl Default for MemoryConfig {
             nprobe: 16,
             faiss_train_size: 50_000,
             top_k: 3,
+            render: Rendering::Full,
+            render_chars: 0,
             short_term_capacity: 1024,
             short_term_max_len: 1024,
             p_error: StatsMode::All,

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{EvalConfig, GenerationConfig};
 use crate::exec::{ExecReport, RewardClass, Sandbox};
-use crate::model::{Generator, ModelError};
+use crate::model::{Completion, FinishReason, Generator, ModelError};
 use crate::reward::execute;
 use crate::rollout::solve::Prompted;
 use crate::rollout::{generation_params, reflection_params, Env, RolloutError, Strategy};
@@ -81,6 +81,11 @@ pub fn mcnemar_exact(b: usize, c: usize) -> f64 {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SampleResult {
     pub completion: String,
+    /// Why generation ended: `eos`, `stop` or `length` (cut off at the
+    /// token limit, so only its complete statements were run). Absent in
+    /// results written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish: Option<String>,
     /// `pass`, the error kind (`AssertionError`, `NameError`, ...), or
     /// `no_signal` when the sandbox itself failed.
     pub outcome: String,
@@ -392,9 +397,9 @@ pub fn evaluate_strategy(
                 .map(move |(j, _)| (i, j))
         })
         .collect();
-    let jobs: Vec<(&Task, &str)> = pending
+    let jobs: Vec<(&Task, &Completion)> = pending
         .iter()
-        .map(|&(i, j)| (tasks[i], solutions[i][j].completion.text.as_str()))
+        .map(|&(i, j)| (tasks[i], &solutions[i][j].completion))
         .collect();
     let mut fresh = execute(env.sandbox, &jobs).into_iter();
     let mut results = Vec::with_capacity(tasks.len());
@@ -415,6 +420,7 @@ pub fn evaluate_strategy(
             tr.passed += passed as usize;
             tr.executed += executed as usize;
             tr.samples.push(SampleResult {
+                finish: Some(s.completion.finish.name().to_owned()),
                 completion: s.completion.text,
                 outcome,
                 passed,
@@ -517,10 +523,15 @@ pub struct Rescored {
 /// Exact for single-shot strategies; for repairing ones only the final
 /// answers are rescored, since the repair loop saw the scoring of its day.
 /// pass@k and exec@k are recomputed for the k the result had.
+///
+/// `cut_off` says which saved answers the token limit ended (their last
+/// statement is trimmed before they run, as at generation time): the
+/// recorded `finish` where there is one, else the caller's estimate.
 pub fn rescore(
     old: &EvalResult,
     tasks: &[&Task],
     sandbox: &Sandbox,
+    cut_off: &dyn Fn(&SampleResult) -> bool,
 ) -> Result<Rescored, EvalError> {
     let by_id: std::collections::HashMap<&str, &Task> =
         tasks.iter().map(|t| (t.id.as_str(), *t)).collect();
@@ -563,12 +574,23 @@ pub fn rescore(
             t.id, t.n
         )));
     }
-    let jobs: Vec<(&Task, &str)> = old
+    let answers: Vec<(&Task, Completion)> = old
         .tasks
         .iter()
         .zip(&found)
-        .flat_map(|(t, &task)| t.samples.iter().map(move |s| (task, s.completion.as_str())))
+        .flat_map(|(t, &task)| {
+            t.samples.iter().map(move |s| {
+                let finish = match s.finish.as_deref() {
+                    Some("length") => FinishReason::Length,
+                    Some(_) => FinishReason::Eos,
+                    None if cut_off(s) => FinishReason::Length,
+                    None => FinishReason::Eos,
+                };
+                (task, Completion::text_only(s.completion.clone(), finish))
+            })
+        })
         .collect();
+    let jobs: Vec<(&Task, &Completion)> = answers.iter().map(|(t, c)| (*t, c)).collect();
     let mut reports = execute(sandbox, &jobs).into_iter();
     let mut changed = BTreeMap::new();
     let mut result = old.clone();
@@ -786,6 +808,7 @@ mod tests {
             executed: 1,
             samples: vec![SampleResult {
                 completion: String::new(),
+                finish: None,
                 outcome: if passed { "pass" } else { "WrongAnswer" }.into(),
                 passed,
                 executed: true,

@@ -477,6 +477,8 @@ fn rewrite_prompt(
 /// each at most [`MAX_SUGGESTION_CHARS`] characters. Anything else (a preface,
 /// a continuation line, a skipped number) refuses the whole answer: it
 /// replaces a list that works, so a half-understood answer is worse than none.
+/// An item that repeats an earlier one word for word is dropped (small
+/// models loop on the last item) and does not count towards `max`.
 pub fn parse_suggestions(answer: &str, max: usize) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     for (i, line) in answer.lines().enumerate() {
@@ -499,7 +501,12 @@ pub fn parse_suggestions(answer: &str, max: usize) -> Result<Vec<String>, String
         if num.parse::<usize>().ok() != Some(want) {
             return Err(format!("line {line_no} is numbered {num}, expected {want}"));
         }
-        if want > max {
+        if out.iter().any(|o: &String| o == text) {
+            // Numbered in sequence, but nothing new.
+            out.push(String::new());
+            continue;
+        }
+        if out.iter().filter(|o| !o.is_empty()).count() >= max {
             return Err(format!("more than {max} suggestions"));
         }
         if text.chars().count() > MAX_SUGGESTION_CHARS {
@@ -509,6 +516,7 @@ pub fn parse_suggestions(answer: &str, max: usize) -> Result<Vec<String>, String
         }
         out.push(text.to_owned());
     }
+    out.retain(|o| !o.is_empty());
     if out.is_empty() {
         return Err("no numbered suggestions".into());
     }
@@ -616,6 +624,11 @@ mod tests {
         }
         let long = format!("1. {}", "x".repeat(MAX_SUGGESTION_CHARS + 1));
         assert!(parse_suggestions(&long, 5).is_err());
+        // A loop on one item is the same list.
+        assert_eq!(
+            parse_suggestions("1. a\n2. b\n3. b\n4. a", 2).unwrap(),
+            ["a", "b"]
+        );
     }
 
     #[test]

@@ -273,12 +273,20 @@ pub struct ReflectStats {
     pub unparseable: u64,
 }
 
-/// The answer format the API-level prompt asks for.
+/// The placeholder answer format earlier API-level prompts showed; the
+/// parser refuses an answer that copies it.
 pub const API_ANSWER_FORMAT: &str = "GUIDELINE: <the candidate guideline, on one line>
 ACTION: ADD | DELETE <id> | DISCARD";
 
-/// The answer format the task-level prompt asks for.
+/// The placeholder earlier task-level prompts showed; the parser refuses
+/// an answer that copies it.
 pub const TASK_ANSWER_FORMAT: &str = "GUIDELINE: <the guideline, on one line>";
+
+/// How every reflector answer starts: written for the model, which
+/// continues it. The prompts show no placeholder line: SmolLM2-135M copies
+/// a placeholder, and without the prefill it repeats the instruction
+/// (docs/eval.md).
+pub const REFLECTION_PREFILL: &str = "GUIDELINE:";
 
 /// The task-level reflection prompt: distil `g_Task` from `(r, c, f)`.
 pub fn task_reflection_prompt(
@@ -302,15 +310,14 @@ pub fn task_reflection_prompt(
         p.push_str(&format!("- {}: {}\n", d.name, d.signature));
     }
     p.push_str(&format!(
-        "\nThe code {verdict}. Write one concise task-level usage guideline: how these APIs must be combined for requirements like this one (data dependencies, call order, conversions between them){}.\n\n",
+        "\nThe code {verdict}. What should a programmer remember about how these APIs are combined for requirements like this one (data dependencies, call order, conversions between them){}?\n\n",
         if verdict == "passed" {
             ", as shown by this working solution"
         } else {
             ", and which combination caused the failure"
         }
     ));
-    p.push_str("Answer with exactly this line and nothing else:\n");
-    p.push_str(TASK_ANSWER_FORMAT);
+    p.push_str("Answer with one sentence on a line that starts with \"GUIDELINE:\".");
     p
 }
 
@@ -355,7 +362,7 @@ pub fn api_reflection_prompt(
 ADD: it is a new, verified insight not covered by the documentation or the current guidelines.\n\
 DELETE <id>: it shows that the current guideline with that id is wrong or obsolete; that guideline is removed.\n\
 DISCARD: it is redundant with the documentation or a current guideline.\n\n\
-Answer with exactly these two lines and nothing else:\n{API_ANSWER_FORMAT}",
+Answer with two lines: one that starts with \"GUIDELINE:\", then one that starts with \"ACTION:\" followed by ADD, DELETE and the id, or DISCARD.",
         api.name
     ));
     p
@@ -758,7 +765,12 @@ impl MemCoderMemory {
         let mut all = Vec::with_capacity(1 + prompts.api_prompts.len());
         all.push(prompts.task_prompt);
         all.extend(prompts.api_prompts);
-        let answers = reflector.generate(&all, params)?;
+        let mut p = params.clone();
+        p.prefill = REFLECTION_PREFILL.into();
+        let mut answers = reflector.generate(&all, &p)?;
+        for a in &mut answers {
+            a.text.insert_str(0, REFLECTION_PREFILL);
+        }
         if answers.len() != all.len() {
             return Err(MemcoderError::AnswerCount {
                 expected: all.len(),
@@ -1687,7 +1699,7 @@ def f(a):
         fn generate(
             &self,
             prompts: &[String],
-            _: &GenerationParams,
+            params: &GenerationParams,
         ) -> Result<Vec<Completion>, ModelError> {
             self.seen.lock().unwrap().extend(prompts.iter().cloned());
             Ok(prompts
@@ -1698,7 +1710,10 @@ def f(a):
                         .iter()
                         .find(|(key, _)| p.contains(key))
                         .unwrap_or_else(|| panic!("unscripted prompt:\n{p}"));
-                    Completion::text_only(*a, FinishReason::Eos)
+                    // A model continues the prefill; a scripted answer
+                    // that does not start with it reads as written after it.
+                    let a = a.strip_prefix(params.prefill.as_str()).unwrap_or(a);
+                    Completion::text_only(a, FinishReason::Eos)
                 })
                 .collect())
         }
@@ -1719,7 +1734,7 @@ def f(a):
                     "The docs cover it.\nACTION: DISCARD",
                 ),
                 (
-                    "task-level usage guideline",
+                    "What should a programmer remember",
                     "GUIDELINE: Build with numpy, then convert with ndx.asarray.",
                 ),
             ],
@@ -1747,9 +1762,17 @@ def f(a):
             seen[0].contains("Make a 2x3 array.")
                 && seen[0].contains("- numpy.zeros: numpy.zeros(x)")
         );
-        assert!(seen[0].ends_with(TASK_ANSWER_FORMAT));
+        assert!(seen[0].ends_with("starts with \"GUIDELINE:\"."));
+        assert!(
+            !seen[0].contains(TASK_ANSWER_FORMAT),
+            "no placeholder to copy"
+        );
         assert!(seen[2].contains("Current guidelines for this API:\n(none)"));
-        assert!(seen[2].ends_with(API_ANSWER_FORMAT));
+        assert!(seen[2].ends_with("or DISCARD."));
+        assert!(
+            !seen[2].contains(API_ANSWER_FORMAT),
+            "no placeholder to copy"
+        );
         let t = &m.tasks()[0];
         assert_eq!(
             t.guideline,
@@ -1776,7 +1799,7 @@ def f(a):
                     "API `numpy.zeros`",
                     "GUIDELINE: An int shape also works.\nACTION: DELETE 1",
                 ),
-                ("task-level usage guideline", "no idea"),
+                ("What should a programmer remember", "GUIDELINE:\n"),
             ],
             seen: Mutex::new(vec![]),
         };

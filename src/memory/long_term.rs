@@ -10,8 +10,10 @@ use std::path::Path;
 use super::embed::Embedder;
 use super::guidelines::feedback_text;
 use super::index::VectorIndex;
+use super::render::View;
 use super::store::{LongTermRecord, MemoryStore, NewLongTerm};
 use super::MemoryError;
+use crate::config::Rendering;
 use crate::exec::{ExecReport, TestStatus};
 
 /// One finished sample to remember.
@@ -197,6 +199,17 @@ fn score(rewards: &BTreeMap<String, f64>, name: &str) -> String {
         .map_or_else(|| "n/a".to_owned(), |v| format!("{v:.2}"))
 }
 
+/// A past sample's outcome in one line: `passed`, or its first error.
+fn outcome_line(report: &ExecReport) -> String {
+    if report.outcome == Some(crate::exec::RewardClass::Pass) {
+        return "passed".into();
+    }
+    match errors_of(report).into_iter().next() {
+        Some(e) => format!("failed: {}", crate::text::clip(&e, 160, "…")),
+        None => "failed".into(),
+    }
+}
+
 /// The errors a past sample made, one line each (kind and message of its
 /// failing tests, deduplicated).
 fn errors_of(report: &ExecReport) -> Vec<String> {
@@ -221,11 +234,11 @@ fn errors_of(report: &ExecReport) -> Vec<String> {
     out
 }
 
-/// FALCON's Table 7 code-generation prompt with the retrieved history.
-/// Style and efficiency scores are the stored `style` and `complexity`
-/// reward terms (FALCON's −1..2 scale), `n/a` when a run did not compute
-/// them.
-pub fn table7_prompt(task: &str, history: &[Retrieved]) -> String {
+/// FALCON's Table 7 code-generation prompt with the retrieved history,
+/// shown as `view` says (the papers' rendering: [`View::full`]). Style and
+/// efficiency scores are the stored `style` and `complexity` reward terms
+/// (FALCON's −1..2 scale), `n/a` when a run did not compute them.
+pub fn table7_prompt(task: &str, history: &[Retrieved], view: &mut View) -> String {
     let mut p = String::from(
         "Instruction:\nPlease write a Python function based on the task description, referencing \
          the historical context for inspiration. Ensure that the generated code follows the \
@@ -238,18 +251,48 @@ pub fn table7_prompt(task: &str, history: &[Retrieved]) -> String {
     if history.is_empty() {
         p.push_str("\n(no similar past tasks yet)\n");
     }
+    let full = view.rendering == Rendering::Full;
+    // Outside the papers' rendering, names the entry's code defines are
+    // the task's own wherever they appear.
+    let names = |r: &LongTermRecord| -> String {
+        if full {
+            String::new()
+        } else {
+            format!("{}\n{}", r.code, r.task_text)
+        }
+    };
     let mut errors: Vec<String> = Vec::new();
     for h in history {
         let r = &h.record;
-        p.push_str(&format!(
-            "\n- Historical Task: {}\n- Code:\n```python\n{}\n```\n- Style Score: {}\n- Efficiency Score: {}\n- Additional Feedback: {}\n",
-            r.task_text.trim(),
-            r.code.trim_end(),
+        let defs = names(r);
+        let namer = view.clone();
+        let own = |s: &str| {
+            if full {
+                s.to_owned()
+            } else {
+                namer.rename_from(&defs, s)
+            }
+        };
+        let task_text = if full {
+            r.task_text.trim().to_owned()
+        } else {
+            crate::text::clip(r.task_text.trim(), 300, " …")
+        };
+        let mut entry = format!("\n- Historical Task: {}\n", own(&task_text));
+        match view.code(&r.code) {
+            Some(code) => entry.push_str(&format!("- Code:\n```python\n{}\n```\n", own(&code))),
+            None => entry.push_str(&format!("- Result: {}\n", own(&outcome_line(&r.report)))),
+        }
+        entry.push_str(&format!(
+            "- Style Score: {}\n- Efficiency Score: {}\n- Additional Feedback: {}\n",
             score(&r.rewards, "style"),
             score(&r.rewards, "complexity"),
-            r.feedback.trim(),
+            own(r.feedback.trim()),
         ));
+        let Some(entry) = view.take(entry) else { break };
+        p.push_str(&entry);
         for e in errors_of(&r.report) {
+            let e = own(&e);
             if !errors.contains(&e) {
                 errors.push(e);
             }

@@ -10,6 +10,7 @@
 //!   FALCON's Table 7 prompt.
 //! - [`short_term`]: ring buffer of recent samples as device tensors.
 //! - [`stats`]: `P_error` over the run for `R_negative` (Eq. 11).
+//! - [`render`]: how retrieved entries and fixes are shown in a prompt.
 //! - [`guidelines`]: MEMCoder §IV, the evolving task and API guidelines;
 //!   [`fixes`]: MemoCoder's fixing knowledge and mentor.
 //! - [`open_long_term`]: the one opener of a run's long-term memory.
@@ -21,6 +22,7 @@ pub mod fixes;
 pub mod guidelines;
 pub mod index;
 pub mod long_term;
+pub mod render;
 pub mod short_term;
 pub mod stats;
 pub mod store;

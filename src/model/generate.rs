@@ -57,6 +57,12 @@ pub struct Completion {
 }
 
 impl Completion {
+    /// Whether the token limit ended it: its last statement may be
+    /// unfinished (`reward::answer_code` trims it).
+    pub fn cut_off(&self) -> bool {
+        self.finish == FinishReason::Length
+    }
+
     /// A completion known only as text (a remote server's answer, a scripted
     /// test generator): no token ids or log-probs, so never for training.
     pub fn text_only(text: impl Into<String>, finish: FinishReason) -> Self {
@@ -90,7 +96,20 @@ pub struct GenerationParams {
     /// larger batch (a data-parallel rank's) passes its first row's index in
     /// the whole batch and gets exactly the tokens the whole batch would.
     pub row_offset: u64,
+    /// The start of the assistant's answer, written for the model: the
+    /// prompt's ids end with it (after the chat template's assistant
+    /// header), and the model continues from there. Not part of the
+    /// completion's text or token ids: callers that parse the answer put it
+    /// back in front. Empty: none.
+    pub prefill: String,
+    /// End a completion where its first code block closes
+    /// ([`crate::text::code_block_end`]); the text keeps the closing fence.
+    pub stop_at_block_end: bool,
 }
+
+/// The stop reason of a completion that ended at its code block's closing
+/// fence.
+pub const BLOCK_END: &str = "```";
 
 impl Default for GenerationParams {
     fn default() -> Self {
@@ -103,6 +122,8 @@ impl Default for GenerationParams {
             system: None,
             ignore_eos: false,
             row_offset: 0,
+            prefill: String::new(),
+            stop_at_block_end: false,
         }
     }
 }
@@ -118,7 +139,9 @@ pub trait Generator {
 
 /// Token ids of `prompts` as the model sees them: each wrapped as one user
 /// message (after `params.system`) in the chat template when `params.chat`,
-/// else encoded with the tokenizer's special tokens. Every engine encodes
+/// else encoded with the tokenizer's special tokens; `params.prefill`
+/// follows (it is encoded with the text before it, as a server that
+/// continues a final assistant message does). Every engine encodes
 /// here, so the trainer scores exactly the ids that were generated from.
 pub fn encode_prompts(
     tok: &TextTokenizer,
@@ -134,11 +157,11 @@ pub fn encode_prompts(
                     msgs.push(ChatMessage::new("system", s));
                 }
                 msgs.push(ChatMessage::new("user", p));
-                let text = tok.apply_chat_template(&msgs, true)?;
+                let text = tok.apply_chat_template(&msgs, true)? + &params.prefill;
                 // The template already holds any BOS it wants.
                 tok.encode(&text, false)
             } else {
-                tok.encode(p, true)
+                tok.encode(&format!("{p}{}", params.prefill), true)
             }
         })
         .collect()
@@ -534,7 +557,7 @@ impl Policy {
                 "token id {bad} is outside the vocabulary (size {vocab})"
             )));
         }
-        if !params.stop.is_empty() && self.tokenizer.is_none() {
+        if (!params.stop.is_empty() || params.stop_at_block_end) && self.tokenizer.is_none() {
             return Err(ModelError::Invalid("stop strings need a tokenizer".into()));
         }
         let device = self.device();
@@ -607,7 +630,7 @@ impl Policy {
                     if eos.contains(&next_h[j]) {
                         c.finish = FinishReason::Eos;
                         done[i] = true;
-                    } else if let Some(s) = self.first_stop(&c.token_ids, &params.stop)? {
+                    } else if let Some(s) = self.first_stop(&c.token_ids, params)? {
                         c.finish = FinishReason::Stop(s);
                         done[i] = true;
                         newly_stopped.push(j as i64);
@@ -656,26 +679,115 @@ impl Policy {
 
         if let Some(tok) = &self.tokenizer {
             for c in out.iter_mut() {
-                let mut text = tok.decode(&c.token_ids, true)?;
-                if let FinishReason::Stop(s) = &c.finish {
-                    if let Some(at) = text.find(s.as_str()) {
-                        text.truncate(at);
-                    }
-                }
-                c.text = text;
+                let text = tok.decode(&c.token_ids, true)?;
+                c.text = cut_at_stop(text, &c.finish, params);
             }
         }
         Ok(out)
     }
 
-    fn first_stop(&self, ids: &[i64], stop: &[String]) -> Result<Option<String>, ModelError> {
-        if stop.is_empty() {
+    fn first_stop(
+        &self,
+        ids: &[i64],
+        params: &GenerationParams,
+    ) -> Result<Option<String>, ModelError> {
+        if params.stop.is_empty() && !params.stop_at_block_end {
             return Ok(None);
         }
-        let tok = self.tokenizer()?;
-        let text = tok.decode(ids, true)?;
-        Ok(stop.iter().find(|s| text.contains(s.as_str())).cloned())
+        let text = self.tokenizer()?.decode(ids, true)?;
+        Ok(stop_in(&text, params))
     }
+}
+
+/// Which stop ended `text`, if any: a stop string it contains, else
+/// [`BLOCK_END`] when `stop_at_block_end` and its code block has closed.
+pub fn stop_in(text: &str, params: &GenerationParams) -> Option<String> {
+    params
+        .stop
+        .iter()
+        .find(|s| text.contains(s.as_str()))
+        .cloned()
+        .or_else(|| {
+            (params.stop_at_block_end && block_end(text, params).is_some())
+                .then(|| BLOCK_END.to_owned())
+        })
+}
+
+/// Where `text`'s code block closes, reading the answer as the prefill
+/// followed by `text` (a prefill may open the block); an offset in `text`.
+fn block_end(text: &str, params: &GenerationParams) -> Option<usize> {
+    if params.prefill.is_empty() {
+        return crate::text::code_block_end(text);
+    }
+    let whole = format!("{}{text}", params.prefill);
+    crate::text::code_block_end(&whole).map(|end| end.saturating_sub(params.prefill.len()))
+}
+
+/// The text of a completion that ended with `finish`: cut before its stop
+/// string, or just after its code block's closing fence.
+pub fn cut_at_stop(mut text: String, finish: &FinishReason, params: &GenerationParams) -> String {
+    if let FinishReason::Stop(s) = finish {
+        let at = if params.stop.contains(s) {
+            text.find(s.as_str())
+        } else if s == BLOCK_END {
+            block_end(&text, params)
+        } else {
+            None
+        };
+        if let Some(at) = at {
+            text.truncate(at);
+        }
+    }
+    text
+}
+
+/// A server's completion under `params.stop_at_block_end`, which servers
+/// do not know: cut at the token whose decoding closed the code block (the
+/// first prefix of the token ids whose text has a closed block), with its
+/// log-probs, and marked [`BLOCK_END`]. Text-only completions (no token
+/// ids) are cut by text.
+pub fn cut_at_block_end(
+    mut c: Completion,
+    tok: Option<&TextTokenizer>,
+    params: &GenerationParams,
+) -> Result<Completion, ModelError> {
+    if !params.stop_at_block_end || matches!(c.finish, FinishReason::Stop(_)) {
+        return Ok(c);
+    }
+    let Some(end) = block_end(&c.text, params) else {
+        return Ok(c);
+    };
+    match tok {
+        Some(tok) if !c.token_ids.is_empty() => {
+            // The smallest k whose prefix closes the block (closing is
+            // monotone in k).
+            let closes = |k: usize| -> Result<bool, ModelError> {
+                Ok(block_end(&tok.decode(&c.token_ids[..k], true)?, params).is_some())
+            };
+            let (mut lo, mut hi) = (1, c.token_ids.len());
+            if !closes(hi)? {
+                return Ok(c);
+            }
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if closes(mid)? {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            c.token_ids.truncate(hi);
+            c.logprobs.truncate(hi);
+            let text = tok.decode(&c.token_ids, true)?;
+            c.finish = FinishReason::Stop(BLOCK_END.to_owned());
+            c.text = cut_at_stop(text, &c.finish, params);
+        }
+        _ => {
+            c.text.truncate(end);
+            c.finish = FinishReason::Stop(BLOCK_END.to_owned());
+        }
+    }
+    Ok(c)
 }
 
 impl Generator for Policy {

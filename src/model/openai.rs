@@ -7,7 +7,11 @@
 //! reflector and LM judges, never for policy rollouts that are trained on.
 //!
 //! The server applies its own chat template, so `GenerationParams::chat` has
-//! no effect; `system` becomes a system message. `top_k` and `ignore_eos` are
+//! no effect; `system` becomes a system message, and a `prefill` the start
+//! of the assistant's message, which the server continues
+//! (`continue_final_message`, a vLLM/SGLang extension; the answer holds only
+//! the continuation, as vLLM returns it). `stop_at_block_end` cuts the
+//! answer's text afterwards. `top_k` and `ignore_eos` are
 //! sent only when set, as the vLLM/SGLang extensions of the same names; a
 //! server that does not know them answers with an error, which is reported,
 //! rather than silently sampling differently.
@@ -110,6 +114,10 @@ impl OpenAiGenerator {
             messages.push(json!({"role": "system", "content": system}));
         }
         messages.push(json!({"role": "user", "content": prompt}));
+        let prefilled = !params.prefill.is_empty();
+        if prefilled {
+            messages.push(json!({"role": "assistant", "content": params.prefill}));
+        }
         let mut body = json!({
             "model": self.model,
             "messages": messages,
@@ -129,6 +137,11 @@ impl OpenAiGenerator {
         }
         if params.ignore_eos {
             obj.insert("ignore_eos".into(), json!(true));
+        }
+        if prefilled {
+            // vLLM's and SGLang's way to continue the last message.
+            obj.insert("continue_final_message".into(), json!(true));
+            obj.insert("add_generation_prompt".into(), json!(false));
         }
         body
     }
@@ -164,14 +177,15 @@ impl OpenAiGenerator {
             parsed.choices.into_iter().next().ok_or_else(|| {
                 fail(format!("HTTP {status} with no choices: {}", excerpt(&text)))
             })?;
-        Ok(Completion::text_only(
+        let c = Completion::text_only(
             choice.message.content.unwrap_or_default(),
             finish_reason(
                 choice.finish_reason.as_deref(),
                 choice.stop_reason.as_ref(),
                 &params.stop,
             ),
-        ))
+        );
+        super::generate::cut_at_block_end(c, None, params)
     }
 }
 
@@ -347,6 +361,8 @@ mod tests {
             system: Some("Be terse.".into()),
             ignore_eos: false,
             row_offset: 0,
+            prefill: String::new(),
+            stop_at_block_end: false,
         };
         let out = g
             .generate(&["first".into(), "second".into()], &params)

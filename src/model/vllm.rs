@@ -988,10 +988,12 @@ impl VllmEngine {
         let model = self.model_name().to_owned();
         let params = params.clone();
         let log = self.log().map(Path::to_path_buf);
+        let tok = self.tokenizer.clone();
         let handle = std::thread::spawn(move || {
-            client
+            let comps = client
                 .complete_all(&model, &ids, &params)
-                .map_err(|e| with_log(e, log.as_deref()))
+                .map_err(|e| with_log(e, log.as_deref()))?;
+            cut_all(comps, &tok, &params)
         });
         Ok(Pending { handle })
     }
@@ -1037,10 +1039,25 @@ impl VllmEngine {
         rows: &[Row],
         params: &GenerationParams,
     ) -> Result<Vec<Completion>, ModelError> {
-        self.client
+        let comps = self
+            .client
             .complete_rows(rows, params)
-            .map_err(|e| with_log(e, self.log()))
+            .map_err(|e| with_log(e, self.log()))?;
+        cut_all(comps, &self.tokenizer, params)
     }
+}
+
+/// The servers know stop strings but not the end of a code block: cut
+/// each completion there afterwards, with its token ids and log-probs.
+fn cut_all(
+    comps: Vec<Completion>,
+    tok: &TextTokenizer,
+    params: &GenerationParams,
+) -> Result<Vec<Completion>, ModelError> {
+    comps
+        .into_iter()
+        .map(|c| super::generate::cut_at_block_end(c, Some(tok), params))
+        .collect()
 }
 
 impl Generator for VllmEngine {
@@ -1050,9 +1067,11 @@ impl Generator for VllmEngine {
         params: &GenerationParams,
     ) -> Result<Vec<Completion>, ModelError> {
         let ids = self.encode(prompts, params)?;
-        self.client
+        let comps = self
+            .client
             .complete_all(self.model_name(), &ids, params)
-            .map_err(|e| with_log(e, self.log()))
+            .map_err(|e| with_log(e, self.log()))?;
+        cut_all(comps, &self.tokenizer, params)
     }
 }
 

@@ -29,7 +29,8 @@ pub use composite::{composite, RewardBreakdown, SampleSignals, TERM_NAMES};
 pub use lm_judge::{parse_score, prompt, LmJudge};
 pub use pipeline::{execute, Rewards};
 pub use spans::{
-    coarse_span, code_in_completion, error_line_spans, offsets_by_incremental_decode, TokenSpan,
+    answer_code, coarse_span, code_in_completion, error_line_spans, offsets_by_incremental_decode,
+    TokenSpan,
 };
 pub use static_judge::{complexity_score, style_score, Finding, McCabe, StaticJudge};
 pub use terms::{r_coarse, r_error, r_negative};

@@ -9,21 +9,20 @@
 use std::collections::BTreeMap;
 
 use super::{
-    code_in_completion, composite, error_line_spans, judge_from_config,
-    offsets_by_incremental_decode, r_coarse, Aspect, Judge, RewardBreakdown, RewardError,
-    SampleSignals, TokenSpan,
+    answer_code, composite, error_line_spans, judge_from_config, offsets_by_incremental_decode,
+    r_coarse, Aspect, Judge, RewardBreakdown, RewardError, SampleSignals, TokenSpan,
 };
 use crate::config::RewardConfig;
 use crate::exec::{ErrorKind, ExecReport, RewardClass, Sandbox};
 use crate::model::{Completion, Generator, TextTokenizer};
 use crate::task::Task;
 
-/// Runs the code each completion holds against its task, in one sandbox
-/// batch: `jobs[i]` is (task, completion text).
-pub fn execute(sandbox: &Sandbox, jobs: &[(&Task, &str)]) -> Vec<ExecReport> {
+/// Runs the code each completion holds ([`answer_code`]) against its
+/// task, in one sandbox batch: `jobs[i]` is (task, completion).
+pub fn execute(sandbox: &Sandbox, jobs: &[(&Task, &Completion)]) -> Vec<ExecReport> {
     let code: Vec<(&Task, &str)> = jobs
         .iter()
-        .map(|(t, text)| (*t, code_in_completion(text).1))
+        .map(|(t, c)| (*t, answer_code(&c.text, c.cut_off()).1))
         .collect();
     sandbox.run_batch(&code)
 }
@@ -94,7 +93,7 @@ impl<'j> Rewards<'j> {
                     let (text, offsets) =
                         offsets_by_incremental_decode(&c.token_ids, |ids| tok.decode(ids, true))
                             .map_err(RewardError::Decode)?;
-                    let (off, code) = code_in_completion(&text);
+                    let (off, code) = answer_code(&text, c.cut_off());
                     if let Ok(sp) =
                         error_line_spans(code, off, &r.error_lines, &offsets, r_coarse(class))
                     {

@@ -124,6 +124,106 @@ pub fn code_in_completion(text: &str) -> (usize, &str) {
     }
 }
 
+/// The code of an answer: [`code_in_completion`], and when the answer was
+/// cut off at the token limit (`cut_off`), only its complete top-level
+/// statements ([`complete_statements`]). Training, evaluation and
+/// `falcon eval rescore` all cut code out of answers here, so they run
+/// the same code.
+pub fn answer_code(text: &str, cut_off: bool) -> (usize, &str) {
+    let (off, code) = code_in_completion(text);
+    if cut_off {
+        (off, complete_statements(code))
+    } else {
+        (off, code)
+    }
+}
+
+/// `code` up to the start of its last top-level statement, which a cut at
+/// the token limit left unfinished: a line at column 0 outside brackets,
+/// strings and backslash continuations that is not a comment, a decorated
+/// line or a clause of the statement above (`else`, `elif`, `except`,
+/// `finally`). Code with one top-level statement is returned whole: there
+/// is nothing complete to keep.
+pub fn complete_statements(code: &str) -> &str {
+    let mut starts: Vec<usize> = Vec::new();
+    let mut depth = 0usize;
+    let mut in_triple: Option<u8> = None;
+    let mut continued = false;
+    let mut after_decorator = false;
+    let mut at = 0;
+    for line in code.split_inclusive('\n') {
+        let text = line.trim_end_matches(['\n', '\r']);
+        let top = in_triple.is_none()
+            && depth == 0
+            && !continued
+            && text.starts_with(|c: char| !c.is_whitespace())
+            && !text.starts_with('#')
+            && !is_clause(text);
+        if top {
+            if !after_decorator {
+                starts.push(at);
+            }
+            after_decorator = text.starts_with('@');
+        }
+        scan_line(text.as_bytes(), &mut depth, &mut in_triple);
+        continued = in_triple.is_none() && text.ends_with('\\');
+        at += line.len();
+    }
+    match starts.as_slice() {
+        [_, .., last] => &code[..*last],
+        _ => code,
+    }
+}
+
+/// `else:`, `elif x:`, `except E:`, `finally:`: a clause continues the
+/// statement above it.
+fn is_clause(line: &str) -> bool {
+    let word: String = line
+        .chars()
+        .take_while(|c| c.is_ascii_alphabetic())
+        .collect();
+    matches!(word.as_str(), "else" | "elif" | "except" | "finally")
+}
+
+/// Bracket depth and open triple-quoted string after one line of Python.
+/// Every byte it looks at is ASCII, so UTF-8 text passes through whole.
+fn scan_line(b: &[u8], depth: &mut usize, in_triple: &mut Option<u8>) {
+    let mut i = 0;
+    while i < b.len() {
+        if let Some(q) = *in_triple {
+            if b[i] == b'\\' {
+                i += 2;
+                continue;
+            }
+            if b[i..].starts_with(&[q, q, q]) {
+                *in_triple = None;
+                i += 3;
+            } else {
+                i += 1;
+            }
+            continue;
+        }
+        match b[i] {
+            b'#' => return,
+            q @ (b'"' | b'\'') => {
+                if b[i..].starts_with(&[q, q, q]) {
+                    *in_triple = Some(q);
+                    i += 3;
+                    continue;
+                }
+                i += 1;
+                while i < b.len() && b[i] != q {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'(' | b'[' | b'{' => *depth += 1,
+            b')' | b']' | b'}' => *depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+}
+
 /// Byte range `[start, end)` of each 1-based line's text in `code` (no newline).
 fn line_ranges(code: &str) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
@@ -267,6 +367,45 @@ mod tests {
         "def", " f", "(x", "):", "\n   ", " y", " =", " x", " +", " 1", "\n   ", " return", " y",
         "\n",
     ];
+
+    #[test]
+    fn a_cut_off_answer_keeps_its_complete_top_level_statements() {
+        let code = "import math\n\n@cache\ndef f(x):\n    if x:\n        return 1\n    else:\n        return 2\n\nprint(f(";
+        assert_eq!(
+            complete_statements(code),
+            "import math\n\n@cache\ndef f(x):\n    if x:\n        return 1\n    else:\n        return 2\n\n"
+        );
+        // Column-0 lines inside a docstring, brackets or after a backslash
+        // start nothing; a decorator belongs to the def below it.
+        let code = "def g():\n    \"\"\"Doc\nat column 0\n    \"\"\"\n    return [\n1,\n]\nx = 1 + \\\n2\n@dec\ndef h(): retu";
+        assert_eq!(
+            complete_statements(code),
+            "def g():\n    \"\"\"Doc\nat column 0\n    \"\"\"\n    return [\n1,\n]\nx = 1 + \\\n2\n"
+        );
+        // A string that holds a quote or a hash does not open anything.
+        let code = "s = \"it's # not\"\nt = '\"\"\"'\ndef k(";
+        assert_eq!(
+            complete_statements(code),
+            "s = \"it's # not\"\nt = '\"\"\"'\n"
+        );
+        // One statement: nothing complete to fall back on.
+        assert_eq!(
+            complete_statements("def f(x):\n    return (x"),
+            "def f(x):\n    return (x"
+        );
+        assert_eq!(complete_statements(""), "");
+    }
+
+    #[test]
+    fn answer_code_trims_only_cut_off_answers() {
+        let text = "Sure:\n```python\ndef f():\n    return 1\nassert f() ==";
+        let (off, code) = answer_code(text, true);
+        assert_eq!((off, code), (16, "def f():\n    return 1\n"));
+        assert_eq!(
+            answer_code(text, false).1,
+            "def f():\n    return 1\nassert f() =="
+        );
+    }
 
     #[test]
     fn pieces_cover_the_code() {

@@ -18,12 +18,13 @@ use tch::Tensor;
 use crate::config::{RunConfig, StrategyKind};
 use crate::memory::guidelines::{
     feedback_text, load_api_docs, ApiDoc, MemCoderMemory, MemCoderParams, TaskEntry,
+    REFLECTION_PREFILL,
 };
 use crate::memory::{embedder_from_config, Embedder, ExactIndex, VectorIndex};
 use crate::task::Task;
 
 use super::name_hint;
-use super::solve::{code_of, Env, ReflectionRecord, RolloutError, Solution, Strategy};
+use super::solve::{code_of, Env, Format, ReflectionRecord, RolloutError, Solution, Strategy};
 
 /// Which of the documentation strategies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,8 +284,17 @@ impl DocStrategy {
                 if api_memory {
                     asks.extend(prompts.api_prompts);
                 }
-                let answers: Vec<String> =
-                    env.reflect(&asks)?.into_iter().map(|c| c.text).collect();
+                let format = Format {
+                    prefill: REFLECTION_PREFILL,
+                    max_new_tokens: 128,
+                    stop: Vec::new(),
+                    reflector: true,
+                };
+                let answers: Vec<String> = env
+                    .structured(&asks, &format)?
+                    .into_iter()
+                    .map(|c| c.text)
+                    .collect();
                 let (task_answer, api_answers) = if task_memory {
                     (Some(answers[0].as_str()), &answers[1..])
                 } else {
@@ -373,7 +383,7 @@ impl Strategy for DocStrategy {
         for (i, task) in tasks.iter().enumerate() {
             let (prompt, mut log) = self.prompt_for(env, task)?;
             let comps = env.generate(&vec![prompt; n])?;
-            let codes: Vec<&str> = comps.iter().map(|c| code_of(&c.text)).collect();
+            let codes: Vec<&str> = comps.iter().map(code_of).collect();
             let jobs: Vec<(&Task, &str)> = codes.iter().map(|c| (*task, *c)).collect();
             let reports = env.sandbox.run_batch(&jobs);
             log.passed = reports[0].outcome == Some(crate::exec::RewardClass::Pass);

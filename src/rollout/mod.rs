@@ -18,8 +18,9 @@ pub use solve::{Env, ReflectionRecord, RolloutError, Solution, Strategy};
 
 use crate::config::{RunConfig, StrategyKind};
 
-use crate::config::GenerationConfig;
+use crate::config::{GenerationConfig, MemoryConfig};
 use crate::memory::long_term::{table7_prompt, Retrieved};
+use crate::memory::render::View;
 use crate::memory::{open_long_term, Access, LongTermMemory, MemoryError};
 use crate::model::sampling::Sampler;
 use crate::model::GenerationParams;
@@ -61,16 +62,16 @@ pub fn strategy(
             };
             let device = crate::model::device::device_of(cfg);
             let mut memory = open_long_term(&cfg.memory, run, device, Access::Read)?;
-            let (prompts, _) = falcon_prompts(&mut memory, tasks, cfg.memory.top_k)?;
+            let (prompts, _) = falcon_prompts(&mut memory, tasks, &cfg.memory)?;
             Box::new(solve::Prompted::given("falcon", tasks, prompts)?)
         }
         StrategyKind::SelfRepair => {
             Box::new(repair::Repair::new(repair::RepairConfig::self_repair(s)))
         }
-        StrategyKind::Memocoder => Box::new(repair::Repair::new(repair::RepairConfig::memocoder(
-            s,
-            &cfg.memory.fixes,
-        ))),
+        StrategyKind::Memocoder => Box::new(repair::Repair::new(
+            repair::RepairConfig::memocoder(s, &cfg.memory.fixes)
+                .with_render(cfg.memory.render, cfg.memory.render_chars),
+        )),
         k @ (StrategyKind::DocRag | StrategyKind::Memcoder | StrategyKind::MemcoderAccum) => {
             let d = docs::DocStrategy::from_config(k, cfg)?;
             match purpose {
@@ -113,15 +114,17 @@ pub fn name_hint(task: &Task) -> Option<String> {
 }
 
 /// FALCON's Table 7 prompt for `task` from what long-term memory retrieved
-/// for it. Entries of the task itself are left out: retrieval must never
-/// hand a task its own answer.
-pub fn falcon_prompt(task: &Task, hits: &[Retrieved]) -> String {
+/// for it, rendered as `[memory] render` and `render_chars` say. Entries of
+/// the task itself are left out: retrieval must never hand a task its own
+/// answer.
+pub fn falcon_prompt(task: &Task, hits: &[Retrieved], memory: &MemoryConfig) -> String {
     let others: Vec<Retrieved> = hits
         .iter()
         .filter(|r| r.record.task_id != task.id)
         .cloned()
         .collect();
-    let mut p = table7_prompt(&task.prompt, &others);
+    let mut view = View::new(memory.render, &task.entry_point, memory.render_chars);
+    let mut p = table7_prompt(&task.prompt, &others, &mut view);
     if let Some(hint) = name_hint(task) {
         p.push_str(&hint);
         p.push('\n');
@@ -136,14 +139,14 @@ pub fn falcon_prompt(task: &Task, hits: &[Retrieved]) -> String {
 pub fn falcon_prompts(
     memory: &mut LongTermMemory,
     tasks: &[&Task],
-    k: usize,
+    cfg: &MemoryConfig,
 ) -> Result<(Vec<String>, Vec<Vec<Retrieved>>), MemoryError> {
     let texts: Vec<&str> = tasks.iter().map(|t| t.prompt.as_str()).collect();
-    let hits = memory.retrieve(&texts, k)?;
+    let hits = memory.retrieve(&texts, cfg.top_k)?;
     let prompts = tasks
         .iter()
         .zip(&hits)
-        .map(|(t, h)| falcon_prompt(t, h))
+        .map(|(t, h)| falcon_prompt(t, h, cfg))
         .collect();
     Ok((prompts, hits))
 }
@@ -157,6 +160,7 @@ pub fn reflection_params(gen: &GenerationConfig, seed: u64) -> GenerationParams 
     g.top_p = 1.0;
     g.max_new_tokens = g.max_new_tokens.min(128);
     g.stop = vec!["\n\n".into()];
+    g.stop_at_code_end = false;
     generation_params(&g, seed)
 }
 
@@ -176,6 +180,8 @@ pub fn generation_params(gen: &GenerationConfig, seed: u64) -> GenerationParams 
         system: None,
         ignore_eos: false,
         row_offset: 0,
+        prefill: String::new(),
+        stop_at_block_end: gen.stop_at_code_end,
     }
 }
 

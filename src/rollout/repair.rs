@@ -16,13 +16,16 @@
 
 use std::fmt::Write as _;
 
-use crate::config::StrategyConfig;
+use crate::config::{Rendering, StrategyConfig};
 use crate::exec::{ExecReport, RewardClass};
 use crate::memory::fixes::{FixEntry, FixKnowledge, FixesConfig, Mentor};
+use crate::memory::render::{changed_lines, View};
 use crate::model::{Completion, FinishReason};
 use crate::task::Task;
 
-use super::solve::{code_of, error_message, guiding_tests, Env, RolloutError, Solution, Strategy};
+use super::solve::{
+    code_of, error_message, guiding_tests, Env, Format, RolloutError, Solution, Strategy,
+};
 use super::{name_hint, task_prompt};
 
 /// Which repairing strategy, with its ablation switches.
@@ -37,6 +40,9 @@ pub struct RepairConfig {
     pub fixes_shown: usize,
     pub rounds: usize,
     pub fixes: FixesConfig,
+    /// How a retrieved fix is shown (`[memory] render`, `render_chars`).
+    pub render: Rendering,
+    pub render_chars: usize,
 }
 
 impl RepairConfig {
@@ -52,6 +58,8 @@ impl RepairConfig {
             fixes_shown: 0,
             rounds: 1,
             fixes: FixesConfig::default(),
+            render: Rendering::Full,
+            render_chars: 0,
         }
     }
 
@@ -67,7 +75,17 @@ impl RepairConfig {
             fixes_shown: s.fixes_shown,
             rounds: s.rounds,
             fixes: fixes.clone(),
+            render: Rendering::Full,
+            render_chars: 0,
         }
+    }
+
+    /// Show retrieved fixes as `render` says, in at most `chars`
+    /// characters per prompt (0: no limit).
+    pub fn with_render(mut self, render: Rendering, chars: usize) -> Self {
+        self.render = render;
+        self.render_chars = chars;
+        self
     }
 }
 
@@ -176,8 +194,9 @@ impl Repair {
         }
         let _ = write!(
             p,
-            "\nA test the solution must pass:\n```python\n{}\n```\n\nWrite {} different step-by-step plans (in words, no code) for solving it. \
-             Start each with a line \"Plan N:\".",
+            "\nA test the solution must pass:\n```python\n{}\n```\n\nWrite {} different plans for solving it, \
+             each a few short numbered steps in plain words. Do not write any code. \
+             Start each plan with a line \"Plan N:\".",
             task.tests[0].trim_end(),
             self.cfg.plans
         );
@@ -219,14 +238,12 @@ impl Repair {
             if self.cfg.retrieval && self.cfg.fixes_shown > 0 {
                 let hits = self.knowledge.retrieve(&err, self.cfg.fixes.top_k);
                 self.stats.fixes_retrieved += hits.len() as u64;
+                let mut view = View::new(self.cfg.render, &task.entry_point, self.cfg.render_chars);
                 for h in hits.iter().take(self.cfg.fixes_shown) {
-                    let _ = write!(
-                        p,
-                        "\nA past fix of a similar error ({}):\nBefore:\n```python\n{}\n```\nAfter:\n```python\n{}\n```\n",
-                        h.entry.error_message.trim(),
-                        clip(&h.entry.failing_code, 1200),
-                        clip(&h.entry.fixed_code, 1200)
-                    );
+                    let Some(shown) = view.take(render_fix(&view, h.entry)) else {
+                        break;
+                    };
+                    p.push_str(&shown);
                 }
             }
             if let (true, Some(c)) = (self.cfg.mentor, class) {
@@ -256,7 +273,15 @@ impl Repair {
                 .iter()
                 .map(|&s| self.planner_prompt(tasks[slots[s].task]))
                 .collect();
-            env.generate(&prompts)?
+            // The answer starts as the format asks, so that a small model
+            // writes steps in words instead of code (docs/eval.md).
+            let format = Format {
+                prefill: PLAN_PREFILL,
+                max_new_tokens: PLAN_TOKENS,
+                stop: Vec::new(),
+                reflector: false,
+            };
+            env.structured(&prompts, &format)?
                 .into_iter()
                 .map(|c| {
                     let (plans, ok) = parse_plans(&c.text, self.cfg.plans);
@@ -314,7 +339,7 @@ impl Repair {
         which: &[usize],
         comps: Vec<Completion>,
     ) {
-        let codes: Vec<String> = comps.iter().map(|c| code_of(&c.text).to_owned()).collect();
+        let codes: Vec<String> = comps.iter().map(|c| code_of(c).to_owned()).collect();
         let jobs: Vec<(&Task, &str)> = which
             .iter()
             .zip(&codes)
@@ -376,9 +401,19 @@ impl Repair {
             return Ok(());
         }
         let prompts: Vec<String> = requests.iter().map(|r| r.prompt.clone()).collect();
-        let answers = env.reflect(&prompts)?;
+        // The list starts as asked and ends before an item too many.
+        let format = Format {
+            prefill: "1.",
+            max_new_tokens: 160,
+            stop: vec![format!("\n{}.", self.cfg.fixes.max_suggestions + 1)],
+            reflector: true,
+        };
+        let answers = env.structured(&prompts, &format)?;
         for (r, a) in requests.iter().zip(answers) {
-            match self.mentor.apply_rewrite(r, &a.text, &self.cfg.fixes) {
+            match self
+                .mentor
+                .apply_rewrite(r, &complete_lines(&a), &self.cfg.fixes)
+            {
                 Ok(_) => self.stats.mentor_rewrites += 1,
                 Err(_) => self.stats.mentor_rewrite_failures += 1,
             }
@@ -490,21 +525,31 @@ impl Strategy for Repair {
     }
 }
 
+/// How the planner's answer starts: the first plan's header and step.
+pub const PLAN_PREFILL: &str = "Plan 1:\n1. First,";
+
+/// Tokens a planner answer may take (plans in words are short).
+const PLAN_TOKENS: usize = 192;
+
 /// The planner's answer as the code writer sees it: up to `max` plans,
-/// each starting at a "Plan N:" line. When no such line is found the whole
-/// answer is used as one plan and `false` says the format was missed.
+/// each starting at a "Plan N:" (or "Solution N:") line, keeping only the
+/// plans in words: a plan with code in it (a fence or a `def`)
+/// or with fewer than three words is dropped. When no plan is left the
+/// whole answer is used as one plan and `false` says the format was
+/// missed.
 pub fn parse_plans(answer: &str, max: usize) -> (String, bool) {
     let mut plans: Vec<String> = Vec::new();
     for line in answer.lines() {
         let t = line.trim_start().trim_start_matches(['#', '*', ' ']);
-        let is_head = t
-            .strip_prefix("Plan")
-            .map(|r| {
-                let r = r.trim_start();
-                let digits = r.chars().take_while(char::is_ascii_digit).count();
-                digits > 0 && r[digits..].trim_start_matches('*').starts_with([':', '.'])
-            })
-            .unwrap_or(false);
+        let is_head = ["Plan", "Solution"].iter().any(|w| {
+            t.strip_prefix(w)
+                .map(|r| {
+                    let r = r.trim_start();
+                    let digits = r.chars().take_while(char::is_ascii_digit).count();
+                    digits > 0 && r[digits..].trim_start_matches('*').starts_with([':', '.'])
+                })
+                .unwrap_or(false)
+        });
         if is_head {
             plans.push(String::new());
         }
@@ -513,11 +558,62 @@ pub fn parse_plans(answer: &str, max: usize) -> (String, bool) {
             p.push('\n');
         }
     }
+    plans.retain(|p| {
+        let body = p.split_once('\n').map_or("", |(_, b)| b);
+        let code = ["```", "def "].iter().any(|c| body.contains(c));
+        !code && body.split_whitespace().count() >= 3
+    });
     if plans.is_empty() {
         return (answer.trim().to_owned(), false);
     }
     plans.truncate(max);
     (plans.concat().trim().to_owned(), true)
+}
+
+/// One retrieved fix in a repair prompt: its error, then the failing and
+/// fixed code whole (`full`, `renamed`: with the fix's functions renamed to
+/// the task's entry point) or only the lines it changed (`brief`).
+fn render_fix(view: &View, fix: &FixEntry) -> String {
+    let defs = format!("{}\n{}", fix.failing_code, fix.fixed_code);
+    let err = match view.rendering {
+        Rendering::Full => fix.error_message.trim().to_owned(),
+        _ => view.rename_from(&defs, fix.error_message.trim()),
+    };
+    match view.rendering {
+        Rendering::Brief => {
+            let mut changed = changed_lines(
+                &view.renamed(&fix.failing_code),
+                &view.renamed(&fix.fixed_code),
+                FIX_LINES,
+            );
+            if changed.is_empty() {
+                changed = "(no line changed)".into();
+            }
+            format!("\nA past fix of a similar error ({err}) changed these lines:\n{changed}\n")
+        }
+        Rendering::Full | Rendering::Renamed => {
+            let code = |c: &str| match view.rendering {
+                Rendering::Renamed => clip(&view.renamed(c), 1200),
+                _ => clip(c, 1200),
+            };
+            format!(
+                "\nA past fix of a similar error ({err}):\nBefore:\n```python\n{}\n```\nAfter:\n```python\n{}\n```\n",
+                code(&fix.failing_code),
+                code(&fix.fixed_code)
+            )
+        }
+    }
+}
+
+/// Changed lines a `brief` fix shows at most.
+const FIX_LINES: usize = 6;
+
+/// An answer's text without the line the token limit cut.
+fn complete_lines(c: &Completion) -> String {
+    match (&c.finish, c.text.rsplit_once('\n')) {
+        (FinishReason::Length, Some((whole, _))) => whole.to_owned(),
+        _ => c.text.clone(),
+    }
 }
 
 /// A fix's code cut for a repair prompt.
@@ -534,18 +630,31 @@ mod tests {
 
     #[test]
     fn plans_split_at_their_headers_and_fall_back_to_the_whole_answer() {
-        let a = "Sure!\nPlan 1: sort.\nthen scan\n**Plan 2:** hash it\n### Plan 3. brute force\nPlan 4: extra";
+        let a = "Sure!\nPlan 1: sort.\n1. sort the list\n**Plan 2:** hash it\nput each in a set\n### Solution 3. brute force\ntry every pair\nPlan 4: extra\nmore steps here";
         let (p, ok) = parse_plans(a, 3);
         assert!(ok);
         assert!(
-            p.starts_with("Plan 1: sort.\nthen scan\n**Plan 2:** hash it"),
+            p.starts_with("Plan 1: sort.\n1. sort the list\n**Plan 2:** hash it"),
             "{p}"
         );
-        assert!(p.contains("Plan 3. brute force") && !p.contains("Plan 4") && !p.contains("Sure"));
+        assert!(
+            p.contains("Solution 3. brute force") && !p.contains("Plan 4") && !p.contains("Sure")
+        );
         let (p, ok) = parse_plans("just do it\n", 3);
         assert!(!ok);
         assert_eq!(p, "just do it");
         // "Planning:" is not a header.
-        assert!(!parse_plans("Planning: x", 3).1);
+        assert!(!parse_plans("Planning: x y z", 3).1);
+    }
+
+    #[test]
+    fn plans_with_code_or_without_words_do_not_count() {
+        // What SmolLM2-135M wrote before the prefill: headers, code.
+        let a = "Plan 1:\n\nPlan 2:\n\nPlan 3:\n```python\ndef f(x):\n    return x\n```";
+        assert!(!parse_plans(a, 3).1);
+        let a = format!("{PLAN_PREFILL} define f.\n2. return x\nPlan 2:\n1. def f(x): return x");
+        let (p, ok) = parse_plans(&a, 3);
+        assert!(ok);
+        assert_eq!(p, "Plan 1:\n1. First, define f.\n2. return x");
     }
 }

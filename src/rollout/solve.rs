@@ -13,7 +13,7 @@ use crate::exec::{ExecReport, Sandbox, TestStatus};
 use crate::memory::guidelines::MemcoderError;
 use crate::memory::MemoryError;
 use crate::model::{Completion, GenerationParams, Generator, ModelError};
-use crate::reward::code_in_completion;
+use crate::reward::answer_code;
 use crate::task::Task;
 
 /// Problems a strategy can hit.
@@ -96,6 +96,32 @@ impl<'a> Env<'a> {
         self.run(self.reflector, &self.reflect_params, prompts)
     }
 
+    /// Answers that must follow `format`: the model continues its prefill
+    /// (the answer starts with it), and each returned text is the whole
+    /// answer, prefill included, ready to parse. Never train on these: the
+    /// text no longer matches the token ids.
+    pub fn structured(
+        &self,
+        prompts: &[String],
+        format: &Format,
+    ) -> Result<Vec<Completion>, RolloutError> {
+        let (g, base) = if format.reflector {
+            (self.reflector, &self.reflect_params)
+        } else {
+            (self.generator, &self.params)
+        };
+        let mut p = base.clone();
+        p.prefill = format.prefill.to_owned();
+        p.max_new_tokens = p.max_new_tokens.min(format.max_new_tokens);
+        p.stop.extend(format.stop.iter().cloned());
+        p.stop_at_block_end = false;
+        let mut comps = self.run(g, &p, prompts)?;
+        for c in &mut comps {
+            c.text.insert_str(0, format.prefill);
+        }
+        Ok(comps)
+    }
+
     fn run(
         &self,
         generator: &dyn Generator,
@@ -120,6 +146,18 @@ impl<'a> Env<'a> {
         }
         Ok(out)
     }
+}
+
+/// How [`Env::structured`] asks for an answer in a format.
+pub struct Format<'a> {
+    /// The answer's start, written for the model.
+    pub prefill: &'a str,
+    /// At most this many tokens (and at most the parameters' own limit).
+    pub max_new_tokens: usize,
+    /// Stop strings on top of the parameters' own.
+    pub stop: Vec<String>,
+    /// The reflector and its parameters, else the generator's.
+    pub reflector: bool,
 }
 
 /// One sample's answer.
@@ -203,8 +241,8 @@ pub trait Strategy {
 }
 
 /// The code a completion's answer contains.
-pub fn code_of(completion: &str) -> &str {
-    code_in_completion(completion).1
+pub fn code_of(completion: &Completion) -> &str {
+    answer_code(&completion.text, completion.cut_off()).1
 }
 
 /// Each task with only its guiding test: the first test when a task has

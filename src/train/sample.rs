@@ -16,7 +16,7 @@ use super::state::{mix, TrainState};
 use super::TrainError;
 use crate::exec::{ExecReport, RewardClass};
 use crate::model::{Completion, Generator};
-use crate::reward::{code_in_completion, execute, Rewards};
+use crate::reward::{answer_code, execute, Rewards};
 use crate::rollout::{generation_params, reflection_params, Env, Strategy};
 use crate::task::Task;
 
@@ -277,10 +277,10 @@ impl<'a> TrainState<'a> {
         seconds: &mut BTreeMap<String, f64>,
     ) -> Vec<ExecReport> {
         let t0 = Instant::now();
-        let jobs: Vec<(&Task, &str)> = comps
+        let jobs: Vec<(&Task, &Completion)> = comps
             .iter()
             .enumerate()
-            .map(|(i, c)| (tasks[first + i / g], c.text.as_str()))
+            .map(|(i, c)| (tasks[first + i / g], c))
             .collect();
         let reports = execute(self.sandbox, &jobs);
         *seconds.entry("exec".to_owned()).or_insert(0.0) += t0.elapsed().as_secs_f64();
@@ -311,7 +311,7 @@ impl<'a> TrainState<'a> {
         }
         let codes: Vec<&str> = comps
             .iter()
-            .map(|c| code_in_completion(&c.text).1)
+            .map(|c| answer_code(&c.text, c.cut_off()).1)
             .collect();
         let breakdowns = self
             .rewards

@@ -15,7 +15,7 @@ use crate::config::{MetaAlgorithm, MetaPrompt, TrainConfig};
 use crate::memory::long_term::{Experience, Retrieved};
 use crate::model::vllm::{row_seed, Row};
 use crate::model::Policy;
-use crate::reward::code_in_completion;
+use crate::reward::answer_code;
 use crate::rollout::{falcon_prompts, task_prompt};
 use crate::task::Task;
 use crate::train::batch::Rollout;
@@ -46,7 +46,7 @@ fn prompts(
     let mem = s.memory.as_mut().expect("meta runs have memory");
     match mem.long_term.as_mut() {
         Some(lt) => {
-            let (table7, hits) = falcon_prompts(lt, tasks, s.cfg.memory.top_k)
+            let (table7, hits) = falcon_prompts(lt, tasks, &s.cfg.memory)
                 .map_err(|e| TrainError::Invalid(format!("long-term memory: {e}")))?;
             let prompts = match s.cfg.meta.prompt {
                 MetaPrompt::Table7 => table7,
@@ -425,7 +425,7 @@ pub fn step(
                 step: s.step + 1,
                 task_id: task.id.clone(),
                 task_text: task.prompt.clone(),
-                code: code_in_completion(&c.text).1.to_owned(),
+                code: answer_code(&c.text, c.cut_off()).1.to_owned(),
                 report: ro.reports[j].clone(),
                 rewards: ro.breakdowns[j]
                     .as_ref()
