@@ -12,7 +12,7 @@ use falcon_rl::memory::fixes::{
     FixEntry, FixKnowledge, Mentor, FIX_RECORD_KIND, MENTOR_RECORD_KEY, MENTOR_RECORD_KIND,
 };
 use falcon_rl::memory::guidelines::MemCoderMemory;
-use falcon_rl::memory::render::View;
+use falcon_rl::memory::render::{defined_functions, View};
 use falcon_rl::memory::stats::ErrorStats;
 use falcon_rl::memory::{long_term, open_long_term, Access, MemoryStore};
 use falcon_rl::run_dir::RunDir;
@@ -37,7 +37,8 @@ pub enum MemoryCmd {
         /// default: the run's own RUN_DIR/config.toml.
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Also print FALCON's Table 7 prompt built from the long-term hits.
+        /// Also print FALCON's Table 7 prompt built from the long-term hits,
+        /// rendered as the config's `[memory] render` says.
         #[arg(long)]
         prompt: bool,
     },
@@ -193,10 +194,13 @@ fn query(
                 );
             }
             if prompt {
-                println!(
-                    "\n{}",
-                    long_term::table7_prompt(text, &hits, &mut View::full())
-                );
+                // The entry point is the first function the text defines.
+                let entry = defined_functions(text)
+                    .into_iter()
+                    .next()
+                    .unwrap_or_default();
+                let mut view = View::new(cfg.memory.render, &entry, cfg.memory.render_chars);
+                println!("\n{}", long_term::table7_prompt(text, &hits, &mut view));
             }
         }
         "fixes" => {

@@ -800,3 +800,57 @@ impl Generator for Policy {
         self.generate_ids(&ids, params)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(stop: &[&str], block: bool, prefill: &str) -> GenerationParams {
+        GenerationParams {
+            stop: stop.iter().map(|s| s.to_string()).collect(),
+            stop_at_block_end: block,
+            prefill: prefill.into(),
+            ..GenerationParams::default()
+        }
+    }
+
+    #[test]
+    fn stop_strings_come_before_the_block_end() {
+        let text = "```python\nx = 1\n```\nmore END";
+        assert_eq!(
+            stop_in(text, &params(&["END"], true, "")).as_deref(),
+            Some("END")
+        );
+        assert_eq!(
+            stop_in(text, &params(&[], true, "")).as_deref(),
+            Some(BLOCK_END)
+        );
+        assert_eq!(stop_in(text, &params(&[], false, "")), None);
+        assert_eq!(stop_in("```python\nx = 1\n", &params(&[], true, "")), None);
+        // A user stop string is cut before; the block end after its fence.
+        let p = params(&["END"], true, "");
+        let stop = |s: &str| FinishReason::Stop(s.into());
+        assert_eq!(
+            cut_at_stop(text.into(), &stop("END"), &p),
+            "```python\nx = 1\n```\nmore "
+        );
+        assert_eq!(
+            cut_at_stop(text.into(), &stop(BLOCK_END), &p),
+            "```python\nx = 1\n```"
+        );
+        assert_eq!(cut_at_stop(text.into(), &FinishReason::Length, &p), text);
+    }
+
+    #[test]
+    fn a_prefill_can_open_the_block() {
+        let p = params(&[], true, "Here:\n```python\n");
+        assert_eq!(stop_in("x = 1\n```\nbye", &p).as_deref(), Some(BLOCK_END));
+        let c = Completion::text_only("x = 1\n```\nbye", FinishReason::Length);
+        let c = cut_at_block_end(c, None, &p).unwrap();
+        assert_eq!((c.text.as_str(), c.finish.name()), ("x = 1\n```", "stop"));
+        // Without the rule, or already stopped, nothing changes.
+        let kept = Completion::text_only("x = 1\n```\nbye", FinishReason::Eos);
+        let same = cut_at_block_end(kept.clone(), None, &params(&[], false, "```\n")).unwrap();
+        assert_eq!(same, kept);
+    }
+}

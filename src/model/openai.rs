@@ -316,6 +316,25 @@ mod tests {
         (url, handle)
     }
 
+    #[test]
+    fn a_prefill_is_the_assistant_message_the_server_continues() {
+        let g = OpenAiGenerator::new(&config("http://127.0.0.1:9")).unwrap();
+        let p = GenerationParams {
+            prefill: "Plan 1:".into(),
+            ..GenerationParams::default()
+        };
+        let body = g.request_body("plan it", &p);
+        assert_eq!(
+            body["messages"],
+            json!([{"role": "user", "content": "plan it"}, {"role": "assistant", "content": "Plan 1:"}])
+        );
+        assert_eq!(body["continue_final_message"], json!(true));
+        assert_eq!(body["add_generation_prompt"], json!(false));
+        let plain = g.request_body("plan it", &GenerationParams::default());
+        assert!(plain.get("continue_final_message").is_none());
+        assert_eq!(plain["messages"].as_array().unwrap().len(), 1);
+    }
+
     fn config(url: &str) -> OpenAiConfig {
         OpenAiConfig {
             base_url: url.to_owned(),

@@ -1,0 +1,192 @@
+"""Memory renderings and structured answers at SmolLM2-135M (issue 42).
+
+Greedy, one sample per task, 256 new tokens, the code block's end as the
+stop and cut-off answers trimmed to their complete statements (docs/eval.md).
+Arms (`NAME bench strategy render tasks`):
+
+  he-zs            HumanEval  zero-shot
+  he-falcon-full   HumanEval  FALCON Table 7, the papers' rendering
+  he-falcon-brief  HumanEval  FALCON Table 7, no foreign code
+  he-falcon-renamed HumanEval FALCON Table 7, foreign functions renamed
+  he-memo-brief    HumanEval  MemoCoder, fixes shown as changed lines
+  he-sr            HumanEval  self-repair
+  mbpp-zs, mbpp-falcon-brief  MBPP (sanitized, first 100): zero-shot, FALCON brief
+  he-memo-full     HumanEval  MemoCoder with the papers' fix rendering
+  nd-docrag        NdonnxEval doc-RAG (first --ndonnx-tasks, as a stream)
+  nd-memcoder      NdonnxEval MEMCoder (same tasks)
+
+FALCON prompting retrieves from the long-term memory of `--falcon-memory`
+(a run directory; this issue used an 8-step FOMAML run of bench-learning's
+arm c config from the base model, runs/mem42/c8.toml in the closing note).
+
+Each arm is one `falcon eval` in groups of 20 tasks: killed, it continues
+where it stopped when rerun. Finished arms are kept in results/bench-render/
+and are not rerun. `--table` prints pass@1, exec@1, McNemar on tasks against
+zero-shot (doc-RAG on NdonnxEval) and against the old n = 10 rows of
+results/bench-strategies (their first samples), and the per-cause counts:
+NameErrors whose answer never defines the task's function, SyntaxErrors cut
+off at the token limit, and what each strategy's memory did.
+
+  scripts/bench-render [--only he-zs,he-falcon-brief] [--ndonnx-tasks 50] [--table]
+"""
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_strategies as bs  # noqa: E402
+from benchcfg import copy_atomic  # noqa: E402
+
+ROOT = bs.ROOT
+OUT = os.path.join(ROOT, "runs", "bench-render")
+KEPT = os.path.join(ROOT, "results", "bench-render")
+
+ARMS = [
+    ("he-zs", "humaneval", "zero-shot", "full"),
+    ("he-falcon-full", "humaneval", "falcon", "full"),
+    ("he-falcon-brief", "humaneval", "falcon", "brief"),
+    ("he-falcon-renamed", "humaneval", "falcon", "renamed"),
+    ("nd-memcoder", "ndonnx", "memcoder", "full"),
+    ("nd-docrag", "ndonnx", "doc-rag", "full"),
+    ("he-memo-brief", "humaneval", "memocoder", "brief"),
+    ("he-sr", "humaneval", "self-repair", "full"),
+    ("mbpp-zs", "mbpp", "zero-shot", "full"),
+    ("mbpp-falcon-brief", "mbpp", "falcon", "brief"),
+    ("he-memo-full", "humaneval", "memocoder", "full"),
+]
+OLD = {"humaneval": "humaneval", "ndonnx": "ndonnx", "mbpp": "mbpp"}
+TASKS = {"humaneval": 164, "mbpp": 100}
+
+
+def config(name, bench, strategy, render, args):
+    """The TOML of one arm."""
+    path, fmt, _ = bs.task_source(bench, argparse.Namespace(he_tasks=164, mbpp_tasks=100,
+                                                             ndonnx_tasks=args.ndonnx_tasks))
+    tasks = args.ndonnx_tasks if bench == "ndonnx" else TASKS[bench]
+    lines = [
+        "[run]", f'name = "{name}"', "seed = 1", f'output_dir = "{OUT}/runs"',
+        "[model]", 'path = "embedded:smollm2-135m-instruct"', 'dtype = "fp32"', 'device = "cpu"',
+        "[generation]", "max_new_tokens = 256",
+        "[exec]", "timeout_s = 5.0", f'python = "{bs.VENV_PY}"',
+        "[memory]", f'embedder = "{"hash" if strategy == "falcon" else "minilm"}"',
+        "k_doc = 5", "k_task = 3", "top_k = 3", f'render = "{render}"',
+    ]
+    if bench == "ndonnx":
+        lines.append(f'api_docs = "{bs.ndonnx_docs()}"')
+    lines += [
+        "[eval]", f'path = "{path}"', f'format = "{fmt}"', f"max_tasks = {tasks}",
+        "n = 1", "k = [1]", "temperature = 0.0", "top_p = 1.0", "batch_size = 8",
+        "checkpoint_tasks = 20",
+        "[strategy]", f'kind = "{strategy}"', "max_attempts = 3",
+    ]
+    if strategy == "falcon":
+        lines.append(f'memory_run = "{args.falcon_memory}"')
+    return "\n".join(lines) + "\n"
+
+
+def run(arms, args, falcon_bin):
+    os.makedirs(OUT, exist_ok=True)
+    os.makedirs(KEPT, exist_ok=True)
+    for name, bench, strategy, render in arms:
+        kept = os.path.join(KEPT, name + ".json")
+        if os.path.exists(kept):
+            print(f"[bench] {name}: kept in {kept}, not rerun", file=sys.stderr)
+            continue
+        cfg = os.path.join(OUT, name + ".toml")
+        with open(cfg, "w") as f:
+            f.write(config(name, bench, strategy, render, args))
+        out = os.path.join(OUT, name + ".json")
+        partial = os.path.join(OUT, name + ".partial")
+        again = ["--resume"] if os.path.isdir(partial) else ["--overwrite"] if os.path.exists(out) else []
+        print(f"[bench] {name}: falcon eval --config {cfg}", file=sys.stderr, flush=True)
+        t0 = time.time()
+        rc = subprocess.call([falcon_bin, "eval", "--config", cfg, "--out", out, *again])
+        if rc != 0:
+            sys.exit(f"[bench] {name}: falcon eval exited with {rc}; rerun to continue from its groups")
+        print(f"[bench] {name}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+        copy_atomic(out, kept)
+
+
+def entry_points(bench):
+    if bench != "humaneval":
+        return None
+    with open(bs.humaneval_file()) as f:
+        return {t["task_id"]: t["entry_point"] for t in map(json.loads, f)}
+
+
+def causes(r, entries):
+    """Per-cause counts of one result."""
+    samples = [s for t in r["tasks"] for s in t["samples"]]
+    out = collections.Counter(s["outcome"] for s in samples)
+    cells = [f"NameError {out['NameError']}"]
+    if entries:
+        missing = sum(1 for t in r["tasks"] for s in t["samples"]
+                      if s["outcome"] == "NameError" and entries[t["id"]] not in bs.defined(s["completion"]))
+        cells[-1] += f" ({missing} never define the task's function)"
+    syntax = [s for s in samples if s["outcome"] == "SyntaxError"]
+    cut = sum(1 for s in syntax if (s["finish"] == "length" if "finish" in s else bs.cut_off(s)))
+    cells.append(f"SyntaxError {len(syntax)} ({cut} cut off)")
+    length = sum(1 for s in samples if s.get("finish") == "length")
+    if any("finish" in s for s in samples):
+        cells.append(f"{length} answers ran to the token limit")
+    return ", ".join(cells)
+
+
+def mcnemar_vs(r, base):
+    mine, theirs = bs.first_pass(r), bs.first_pass(base)
+    shared = [k for k in mine if k in theirs]
+    b = sum(1 for k in shared if mine[k] and not theirs[k])
+    c = sum(1 for k in shared if not mine[k] and theirs[k])
+    return f"{b} / {c}, p = {bs.mcnemar(b, c):.3f}"
+
+
+def table(arms, args):
+    res = {}
+    for name, *_ in arms:
+        for d in (KEPT, OUT):
+            p = os.path.join(d, name + ".json")
+            if os.path.exists(p):
+                res[name] = json.load(open(p))
+                break
+    print("| arm | strategy | render | tasks | pass@1 | exec@1 | seconds | McNemar vs baseline (only this / only baseline) "
+          "| McNemar vs the old row's first samples | causes | memory |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, bench, strategy, render in arms:
+        r = res.get(name)
+        if not r:
+            continue
+        base_name = {"ndonnx": "nd-docrag", "mbpp": "mbpp-zs"}.get(bench, "he-zs")
+        base = res.get(base_name)
+        vs = mcnemar_vs(r, base) + f" ({base_name})" if base and base_name != name else ""
+        old_path = os.path.join(bs.KEPT, f"{OLD[bench]}-{strategy}.json")
+        vs_old = mcnemar_vs(r, json.load(open(old_path))) if os.path.exists(old_path) else "-"
+        stats = ", ".join(f"{k} {v:g}" for k, v in sorted(r.get("strategy_stats", {}).items()))
+        print(f"| {name} | {strategy} | {render} | {len(r['tasks'])} | {r['pass_at']['1']:.3f} | "
+              f"{r['exec_at']['1']:.3f} | {r['seconds']:.0f} | {vs} | {vs_old} | "
+              f"{causes(r, entry_points(bench))} | {stats} |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ndonnx-tasks", type=int, default=50)
+    ap.add_argument("--falcon-memory", default=os.path.join(ROOT, "runs", "mem42", "mem-c8"),
+                    help="a run directory with memory.sqlite")
+    ap.add_argument("--only", default="", help="comma-separated arm names (default: all)")
+    ap.add_argument("--table", action="store_true", help="print the table of the finished arms; run nothing")
+    args = ap.parse_args()
+    arms = ARMS
+    if args.only:
+        wanted = set(args.only.split(","))
+        arms = [a for a in ARMS if a[0] in wanted]
+    if not args.table:
+        falcon_bin = os.environ.get("FALCON_BIN", os.path.join(ROOT, "target", "release", "falcon"))
+        run(arms, args, falcon_bin)
+    table(arms, args)
+
+
+if __name__ == "__main__":
+    main()
