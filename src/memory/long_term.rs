@@ -10,7 +10,7 @@ use std::path::Path;
 use super::embed::Embedder;
 use super::guidelines::feedback_text;
 use super::index::VectorIndex;
-use super::render::View;
+use super::render::{task_statement, View};
 use super::store::{LongTermRecord, MemoryStore, NewLongTerm};
 use super::MemoryError;
 use crate::config::Rendering;
@@ -276,7 +276,7 @@ pub fn table7_prompt(task: &str, history: &[Retrieved], view: &mut View) -> Stri
         let task_text = if full {
             r.task_text.trim().to_owned()
         } else {
-            crate::text::clip(r.task_text.trim(), 300, " …")
+            crate::text::clip(&task_statement(&r.task_text), 300, " …")
         };
         let mut entry = format!("\n- Historical Task: {}\n", own(&task_text));
         match view.code(&r.code) {

@@ -84,6 +84,32 @@ impl View {
     }
 }
 
+/// A task statement without its code: the prose of a stub's docstring (or
+/// of an MBPP-style statement), before its examples, on one line. A past
+/// task's signature in a prompt reads as the current task's: SmolLM2-135M
+/// copied it, renamed or not (docs/eval.md).
+pub fn task_statement(task: &str) -> String {
+    let mut words: Vec<&str> = Vec::new();
+    for line in task.lines() {
+        let t = line.trim();
+        let lower = t.to_ascii_lowercase();
+        if t.starts_with(">>>") || lower.starts_with("example") || lower.starts_with("for example") {
+            break;
+        }
+        let code = ["def ", "async def ", "class ", "import ", "from ", "@"]
+            .iter()
+            .any(|k| t.starts_with(k));
+        if code {
+            continue;
+        }
+        words.extend(
+            t.trim_matches(|c| c == '"' || c == '\'')
+                .split_whitespace(),
+        );
+    }
+    words.join(" ")
+}
+
 /// Names of the functions `code` defines at column 0 (`def name(`), in
 /// order, without repeats.
 pub fn defined_functions(code: &str) -> Vec<String> {
@@ -176,6 +202,16 @@ mod tests {
         assert_eq!(defined_functions(code), ["find_zero", "helper"]);
         assert_eq!(View::new(Rendering::Brief, "f", 0).code(code), None);
         assert_eq!(View::full().code("x = 1\n").as_deref(), Some("x = 1"));
+    }
+
+    #[test]
+    fn a_task_statement_keeps_the_prose_only() {
+        let stub = "from typing import List\n\n\ndef below_zero(ops: List[int]) -> bool:\n    \"\"\" You're given a list of\n    operations.\n    >>> below_zero([1, 2])\n    False\n    \"\"\"\n";
+        assert_eq!(task_statement(stub), "You're given a list of operations.");
+        assert_eq!(
+            task_statement("Write a function to find the n largest items.\nFor example: f(1)"),
+            "Write a function to find the n largest items."
+        );
     }
 
     #[test]
