@@ -316,3 +316,84 @@ pub fn table7_prompt(task: &str, history: &[Retrieved], view: &mut View) -> Stri
     p.push_str("\nOutput: Ensure your response is in the format of ```python```.\n");
     p
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::{ErrorKind, TestResult};
+
+    /// A past entry of another task that failed with a NameError on its
+    /// own helper.
+    fn neighbour() -> Retrieved {
+        let report = ExecReport::from_tests(
+            vec![TestResult {
+                index: 0,
+                status: TestStatus::Error {
+                    kind: ErrorKind::NameError,
+                    message: "name 'find_zero' is not defined".into(),
+                },
+                error_lines: vec![2],
+                seconds: 0.0,
+            }],
+            String::new(),
+            0.0,
+        );
+        Retrieved {
+            score: 0.9,
+            record: LongTermRecord {
+                id: 1,
+                step: 1,
+                task_id: "other".into(),
+                task_text: "def find_zero(xs: list):\n    \"\"\"Find a zero of the polynomial xs.\n    >>> find_zero([1, 2])\n    \"\"\"\n".into(),
+                code: "def find_zero(xs):\n    return helper(xs)\n\ndef helper(xs):\n    return find_zero(xs)\n".into(),
+                report,
+                rewards: BTreeMap::new(),
+                feedback: "Failure: NameError in test 0: name 'find_zero' is not defined".into(),
+                embedder: "hash".into(),
+                embedding: vec![],
+            },
+        }
+    }
+
+    #[test]
+    fn no_rendering_but_full_shows_a_foreign_function() {
+        let task = "def below_zero(ops):\n    \"\"\"...\"\"\"\n";
+        let history = [neighbour()];
+        let full = table7_prompt(task, &history, &mut View::full());
+        assert!(full.contains("def find_zero(xs):") && full.contains("def helper(xs):"));
+        for rendering in [Rendering::Renamed, Rendering::Brief] {
+            let p = table7_prompt(task, &history, &mut View::new(rendering, "below_zero", 0));
+            assert!(
+                !p.contains("find_zero") && !p.contains("helper"),
+                "{rendering:?}:\n{p}"
+            );
+            let defs: Vec<&str> = p
+                .split("def ")
+                .skip(1)
+                .map(|r| r.split('(').next().unwrap_or(""))
+                .collect();
+            assert!(
+                defs.iter().all(|d| *d == "below_zero"),
+                "{rendering:?}: {defs:?}"
+            );
+            assert!(
+                p.contains("- Historical Task: Find a zero of the polynomial xs.\n"),
+                "{p}"
+            );
+        }
+        let brief = table7_prompt(
+            task,
+            &history,
+            &mut View::new(Rendering::Brief, "below_zero", 0),
+        );
+        assert!(brief.contains("- Result: failed: NameError: name 'below_zero' is not defined"));
+        assert!(!brief.contains("- Code:"));
+        // The budget drops what does not fit.
+        let tight = table7_prompt(
+            task,
+            &[neighbour(), neighbour()],
+            &mut View::new(Rendering::Brief, "below_zero", 40),
+        );
+        assert_eq!(tight.matches("- Historical Task:").count(), 1, "{tight}");
+    }
+}

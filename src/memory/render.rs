@@ -93,7 +93,8 @@ pub fn task_statement(task: &str) -> String {
     for line in task.lines() {
         let t = line.trim();
         let lower = t.to_ascii_lowercase();
-        if t.starts_with(">>>") || lower.starts_with("example") || lower.starts_with("for example") {
+        if t.starts_with(">>>") || lower.starts_with("example") || lower.starts_with("for example")
+        {
             break;
         }
         let code = ["def ", "async def ", "class ", "import ", "from ", "@"]
@@ -102,10 +103,7 @@ pub fn task_statement(task: &str) -> String {
         if code {
             continue;
         }
-        words.extend(
-            t.trim_matches(|c| c == '"' || c == '\'')
-                .split_whitespace(),
-        );
+        words.extend(t.trim_matches(|c| c == '"' || c == '\'').split_whitespace());
     }
     words.join(" ")
 }
