@@ -16,8 +16,11 @@ Arms (`NAME bench strategy render tasks`):
   nd-memcoder      NdonnxEval MEMCoder (same tasks)
 
 FALCON prompting retrieves from the long-term memory of `--falcon-memory`
-(a run directory; this issue used an 8-step FOMAML run of bench-learning's
-arm c config from the base model, runs/mem42/c8.toml in the closing note).
+(a run directory). By default that is the memory the committed rows used,
+imported from results/bench-render/falcon-memory-c8.jsonl.gz: 236 entries
+of an 8-step FOMAML run of bench-learning's arm c config from the base
+model (results/bench-render/falcon-memory-c8.toml; `falcon train --config`
+it to make a new one).
 
 Each arm is one `falcon eval` in groups of 20 tasks: killed, it continues
 where it stopped when rerun. Finished arms are kept in results/bench-render/
@@ -31,6 +34,7 @@ off at the token limit, and what each strategy's memory did.
 """
 import argparse
 import collections
+import gzip
 import json
 import os
 import subprocess
@@ -44,6 +48,7 @@ from benchcfg import copy_atomic  # noqa: E402
 ROOT = bs.ROOT
 OUT = os.path.join(ROOT, "runs", "bench-render")
 KEPT = os.path.join(ROOT, "results", "bench-render")
+DEFAULT_MEMORY = os.path.join(OUT, "falcon-memory")
 
 ARMS = [
     ("he-zs", "humaneval", "zero-shot", "full", 164),
@@ -87,9 +92,25 @@ def config(name, bench, strategy, render, tasks, args):
     return "\n".join(lines) + "\n"
 
 
+def falcon_memory(args, falcon_bin):
+    """The FALCON memory run directory, imported from the kept export when
+    it is the default one and has no database yet."""
+    db = os.path.join(args.falcon_memory, "memory.sqlite")
+    if os.path.exists(db) or args.falcon_memory != DEFAULT_MEMORY:
+        return
+    export = os.path.join(KEPT, "falcon-memory-c8.jsonl.gz")
+    os.makedirs(args.falcon_memory, exist_ok=True)
+    plain = os.path.join(OUT, "falcon-memory-c8.jsonl")
+    with gzip.open(export, "rt") as f, open(plain, "w") as g:
+        g.write(f.read())
+    subprocess.run([falcon_bin, "memory", "import", args.falcon_memory, "--in", plain], check=True)
+
+
 def run(arms, args, falcon_bin):
     os.makedirs(OUT, exist_ok=True)
     os.makedirs(KEPT, exist_ok=True)
+    if any(a[2] == "falcon" and not os.path.exists(os.path.join(KEPT, a[0] + ".json")) for a in arms):
+        falcon_memory(args, falcon_bin)
     for name, bench, strategy, render, tasks in arms:
         kept = os.path.join(KEPT, name + ".json")
         if os.path.exists(kept):
@@ -171,8 +192,8 @@ def table(arms, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--falcon-memory", default=os.path.join(ROOT, "runs", "mem42", "mem-c8"),
-                    help="a run directory with memory.sqlite")
+    ap.add_argument("--falcon-memory", default=DEFAULT_MEMORY,
+                    help="a run directory with memory.sqlite (default: the kept memory, imported)")
     ap.add_argument("--only", default="", help="comma-separated arm names (default: all)")
     ap.add_argument("--table", action="store_true", help="print the table of the finished arms; run nothing")
     args = ap.parse_args()
