@@ -54,6 +54,9 @@ timeout_s = 2.0
 judge = "static"
 [memory]
 embedder = "hash"
+# The rendering the numbers were recorded with (the default became
+# "brief" later, by measurement: docs/eval.md).
+render = "full"
 short_term_capacity = 64
 short_term_max_len = 256
 [train]
