@@ -199,7 +199,7 @@ fn query(
                     .into_iter()
                     .next()
                     .unwrap_or_default();
-                let mut view = View::new(cfg.memory.render, &entry, cfg.memory.render_chars);
+                let mut view = View::new(cfg.memory.render, entry, cfg.memory.render_chars);
                 println!("\n{}", long_term::table7_prompt(text, &hits, &mut view));
             }
         }

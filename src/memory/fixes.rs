@@ -480,7 +480,9 @@ fn rewrite_prompt(
 /// An item that repeats an earlier one word for word is dropped (small
 /// models loop on the last item) and does not count towards `max`.
 pub fn parse_suggestions(answer: &str, max: usize) -> Result<Vec<String>, String> {
-    let mut out = Vec::new();
+    let mut out: Vec<String> = Vec::new();
+    // Items numbered so far, repeats included.
+    let mut numbered = 0;
     for (i, line) in answer.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() {
@@ -497,16 +499,16 @@ pub fn parse_suggestions(answer: &str, max: usize) -> Result<Vec<String>, String
             .ok_or_else(|| {
                 format!("line {line_no} is not a numbered item \"N. text\": {line:?}")
             })?;
-        let want = out.len() + 1;
+        let want = numbered + 1;
         if num.parse::<usize>().ok() != Some(want) {
             return Err(format!("line {line_no} is numbered {num}, expected {want}"));
         }
-        if out.iter().any(|o: &String| o == text) {
+        numbered = want;
+        if out.iter().any(|o| o == text) {
             // Numbered in sequence, but nothing new.
-            out.push(String::new());
             continue;
         }
-        if out.iter().filter(|o| !o.is_empty()).count() >= max {
+        if out.len() >= max {
             return Err(format!("more than {max} suggestions"));
         }
         if text.chars().count() > MAX_SUGGESTION_CHARS {
@@ -516,7 +518,6 @@ pub fn parse_suggestions(answer: &str, max: usize) -> Result<Vec<String>, String
         }
         out.push(text.to_owned());
     }
-    out.retain(|o| !o.is_empty());
     if out.is_empty() {
         return Err("no numbered suggestions".into());
     }

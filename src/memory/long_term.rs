@@ -251,32 +251,16 @@ pub fn table7_prompt(task: &str, history: &[Retrieved], view: &mut View) -> Stri
     if history.is_empty() {
         p.push_str("\n(no similar past tasks yet)\n");
     }
-    let full = view.rendering == Rendering::Full;
-    // Outside the papers' rendering, names the entry's code defines are
-    // the task's own wherever they appear.
-    let names = |r: &LongTermRecord| -> String {
-        if full {
-            String::new()
-        } else {
-            format!("{}\n{}", r.code, r.task_text)
-        }
-    };
     let mut errors: Vec<String> = Vec::new();
     for h in history {
         let r = &h.record;
-        let defs = names(r);
-        let namer = view.clone();
-        let own = |s: &str| {
-            if full {
-                s.to_owned()
-            } else {
-                namer.rename_from(&defs, s)
-            }
-        };
-        let task_text = if full {
-            r.task_text.trim().to_owned()
-        } else {
-            crate::text::clip(&task_statement(&r.task_text), 300, " …")
+        // Outside the papers' rendering, the functions an entry's code and
+        // task define are the task's own wherever they appear.
+        let defs = format!("{}\n{}", r.code, r.task_text);
+        let own = |s: &str| view.rename_from(&defs, s);
+        let task_text = match view.rendering {
+            Rendering::Full => r.task_text.trim().to_owned(),
+            _ => crate::text::clip(&task_statement(&r.task_text), 300, " …"),
         };
         let mut entry = format!("\n- Historical Task: {}\n", own(&task_text));
         match view.code(&r.code) {
@@ -289,10 +273,10 @@ pub fn table7_prompt(task: &str, history: &[Retrieved], view: &mut View) -> Stri
             score(&r.rewards, "complexity"),
             own(r.feedback.trim()),
         ));
+        let seen: Vec<String> = errors_of(&r.report).iter().map(|e| own(e)).collect();
         let Some(entry) = view.take(entry) else { break };
         p.push_str(&entry);
-        for e in errors_of(&r.report) {
-            let e = own(&e);
+        for e in seen {
             if !errors.contains(&e) {
                 errors.push(e);
             }

@@ -44,22 +44,23 @@ impl View {
     }
 
     /// `code` with every function it defines at the top level renamed to
-    /// the entry point (when the task has one).
+    /// the entry point (as [`View::rename_from`] does).
     pub fn renamed(&self, code: &str) -> String {
         self.rename_from(code, code.trim_end())
     }
 
     /// `text` with every function `defs` defines at the top level renamed
-    /// to the entry point (when the task has one): an error message or a
+    /// to the entry point (when the task has one and the rendering is not
+    /// `full`, which shows memory as the papers do): an error message or a
     /// task statement that names another task's function.
     pub fn rename_from(&self, defs: &str, text: &str) -> String {
         let mut out = text.to_owned();
-        if self.entry_point.is_empty() {
+        if self.entry_point.is_empty() || self.rendering == Rendering::Full {
             return out;
         }
         for name in defined_functions(defs) {
             if name != self.entry_point {
-                out = replace_word(&out, &name, &self.entry_point);
+                out = replace_word(&out, name, &self.entry_point);
             }
         }
         out
@@ -110,20 +111,13 @@ pub fn task_statement(task: &str) -> String {
 
 /// Names of the functions `code` defines at column 0 (`def name(`), in
 /// order, without repeats.
-pub fn defined_functions(code: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for line in code.lines() {
-        let rest = line
-            .strip_prefix("def ")
-            .or_else(|| line.strip_prefix("async def "));
-        let Some(rest) = rest else { continue };
-        let name: String = rest
-            .trim_start()
-            .chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect();
-        if !name.is_empty() && !out.contains(&name) {
-            out.push(name);
+pub fn defined_functions(code: &str) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for line in code.lines().filter(|l| !l.starts_with(char::is_whitespace)) {
+        for name in crate::text::python_defs(line) {
+            if !out.contains(&name) {
+                out.push(name);
+            }
         }
     }
     out

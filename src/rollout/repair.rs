@@ -575,10 +575,7 @@ pub fn parse_plans(answer: &str, max: usize) -> (String, bool) {
 /// the task's entry point) or only the lines it changed (`brief`).
 fn render_fix(view: &View, fix: &FixEntry) -> String {
     let defs = format!("{}\n{}", fix.failing_code, fix.fixed_code);
-    let err = match view.rendering {
-        Rendering::Full => fix.error_message.trim().to_owned(),
-        _ => view.rename_from(&defs, fix.error_message.trim()),
-    };
+    let err = view.rename_from(&defs, fix.error_message.trim());
     match view.rendering {
         Rendering::Brief => {
             let mut changed = changed_lines(
@@ -610,8 +607,8 @@ const FIX_LINES: usize = 6;
 
 /// An answer's text without the line the token limit cut.
 fn complete_lines(c: &Completion) -> String {
-    match (&c.finish, c.text.rsplit_once('\n')) {
-        (FinishReason::Length, Some((whole, _))) => whole.to_owned(),
+    match c.text.rsplit_once('\n') {
+        Some((whole, _)) if c.cut_off() => whole.to_owned(),
         _ => c.text.clone(),
     }
 }

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::{Task, TaskError, TaskFormat, TaskKind};
+use crate::text::python_defs;
 
 /// Where a record sits in its file.
 #[derive(Debug, Clone, Copy)]
@@ -387,7 +388,7 @@ const PY_BUILTINS: &[&str] = &[
 /// `assert math.isclose(f(...), ...)`, `assert not f(...)` and `assert (f(...))`.
 pub(super) fn mbpp_entry_point(first_test: &str, code: Option<&str>) -> Result<String, String> {
     let called = called_names(first_test);
-    let defined: Vec<&str> = code.map(defined_functions).unwrap_or_default();
+    let defined: Vec<&str> = code.map(python_defs).unwrap_or_default();
     called
         .iter()
         .find(|name| defined.contains(name))
@@ -399,22 +400,6 @@ pub(super) fn mbpp_entry_point(first_test: &str, code: Option<&str>) -> Result<S
                  (names called: {called:?}): {first_test:?}"
             )
         })
-}
-
-/// Names of all `def NAME(` in `code`, nested ones included (a solution may
-/// define its entry point inside `if`/`try`).
-fn defined_functions(code: &str) -> Vec<&str> {
-    code.lines()
-        .filter_map(|line| {
-            let rest = line.trim_start();
-            let rest = rest.strip_prefix("async ").unwrap_or(rest);
-            let rest = rest.strip_prefix("def ")?.trim_start();
-            let end = rest
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(rest.len());
-            Some(&rest[..end]).filter(|name| !name.is_empty())
-        })
-        .collect()
 }
 
 /// Plain (non-attribute) names that `src` calls, in order, skipping string
@@ -513,7 +498,7 @@ impl PricoderRecord {
         let entry_point = prompt
             .lines()
             .filter(|l| l.starts_with("def ") || l.starts_with("async def "))
-            .filter_map(|l| defined_functions(l).first().copied())
+            .filter_map(|l| python_defs(l).first().copied())
             .next_back()
             .ok_or("cannot derive `entry_point`: `prompt` has no top-level `def`")?
             .to_owned();
