@@ -227,7 +227,7 @@ fn sampling_is_reproducible_per_seed_and_logprobs_are_consistent() {
 }
 
 #[test]
-fn lora_attach_is_identity_merge_matches_unmerged_and_unmerge_restores() {
+fn lora_attach_is_identity_generation_and_merge_match_unmerged_and_unmerge_restores() {
     let mut p = load("tiny-qwen2", Dtype::Fp32);
     let ids = vec![vec![5i64, 17, 99, 3, 64]];
     let base = full_logits(&p, &ids);
@@ -265,6 +265,25 @@ fn lora_attach_is_identity_merge_matches_unmerged_and_unmerge_restores() {
         max_abs_diff(&adapted, &base) > 1e-3,
         "a non-zero B must change the output"
     );
+    // Generation folds the adapters into the weights for its duration:
+    // its greedy tokens and log-probs are the unfolded model's, and every
+    // weight is back bit for bit afterwards.
+    let w_adapted = p.vs.variables()["model.layers.0.self_attn.q_proj.weight"].copy();
+    let gen = p.generate_ids(&ids, &greedy_params(12)).unwrap();
+    let seq: Vec<i64> = ids[0].iter().chain(&gen[0].token_ids).copied().collect();
+    let lp = full_logits(&p, std::slice::from_ref(&seq)).log_softmax(-1, Kind::Float);
+    for (j, (&tok, &got)) in gen[0].token_ids.iter().zip(&gen[0].logprobs).enumerate() {
+        let pos = (ids[0].len() + j - 1) as i64;
+        assert_eq!(
+            tok,
+            lp.get(0).get(pos).argmax(-1, false).int64_value(&[]),
+            "token {j}"
+        );
+        let want = lp.double_value(&[0, pos, tok]) as f32;
+        assert!((got - want).abs() < 1e-4, "token {j}: {got} vs {want}");
+    }
+    assert!(p.vs.variables()["model.layers.0.self_attn.q_proj.weight"].equal(&w_adapted));
+    assert!(max_abs_diff(&full_logits(&p, &ids), &adapted) == 0.0);
     p.merge_lora();
     assert!(
         max_abs_diff(&full_logits(&p, &ids), &adapted) < 1e-5,

@@ -63,27 +63,11 @@ pub fn set_enabled(on: bool) {
 
 fn enabled() -> bool {
     ENV_CHECKED.get_or_init(|| {
-        if let Ok(v) = std::env::var("FALCON_CPU_GEMV") {
-            match switch(&v) {
-                Some(on) => ENABLED.store(on, Ordering::SeqCst),
-                // A typo must not pass for a measurement of the other path.
-                None => eprintln!(
-                    "warning: FALCON_CPU_GEMV={v:?} is not understood (0/off/false/no or \
-                     1/on/true/yes); the CPU decode kernel stays on"
-                ),
-            }
+        if let Some(on) = super::env_switch("FALCON_CPU_GEMV", "the CPU decode kernel stays on") {
+            ENABLED.store(on, Ordering::SeqCst);
         }
     });
     ENABLED.load(Ordering::Relaxed)
-}
-
-/// `Some(on)` for the usual spellings of a switch, `None` otherwise.
-fn switch(v: &str) -> Option<bool> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "0" | "off" | "false" | "no" => Some(false),
-        "1" | "on" | "true" | "yes" | "" => Some(true),
-        _ => None,
-    }
 }
 
 /// Does this CPU have what the kernel needs (x86-64 with AVX2 and FMA)?
@@ -874,22 +858,6 @@ mod tests {
                     .unwrap(),
             );
             assert_eq!(lt, h, "libtorch rounds {f} the same way");
-        }
-    }
-
-    #[test]
-    fn the_environment_switch_reads_the_usual_spellings() {
-        for (v, want) in [
-            ("0", Some(false)),
-            ("OFF", Some(false)),
-            (" no", Some(false)),
-            ("false", Some(false)),
-            ("1", Some(true)),
-            ("on", Some(true)),
-            ("ture", None),
-            ("disable", None),
-        ] {
-            assert_eq!(switch(v), want, "{v:?}");
         }
     }
 

@@ -39,6 +39,30 @@ pub const SOURCES: &[(&str, &str)] = &[
 /// include directory).
 pub const COMMON: &str = include_str!("../../kernels/common.cuh");
 
+/// A process-wide on/off switch from the environment (`0`/`off`/`false`/`no`
+/// or `1`/`on`/`true`/`yes`); `None` when unset. A spelling it does not
+/// understand warns, saying what happens instead (`otherwise`), and counts
+/// as unset: a typo must not pass for a measurement of the other path.
+pub(crate) fn env_switch(var: &str, otherwise: &str) -> Option<bool> {
+    let v = std::env::var(var).ok()?;
+    let on = parse_switch(&v);
+    if on.is_none() {
+        eprintln!(
+            "warning: {var}={v:?} is not understood (0/off/false/no or 1/on/true/yes); {otherwise}"
+        );
+    }
+    on
+}
+
+/// `Some(on)` for the usual spellings of a switch, `None` otherwise.
+fn parse_switch(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "0" | "off" | "false" | "no" => Some(false),
+        "1" | "on" | "true" | "yes" | "" => Some(true),
+        _ => None,
+    }
+}
+
 /// Is autograd recording (not inside `no_grad`)?
 pub(crate) fn grad_enabled() -> bool {
     // SAFETY: plain calls into libtorch's thread-local grad mode; the
@@ -68,4 +92,25 @@ pub enum KernelError {
     Driver(String),
     #[error("{0}")]
     Invalid(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_environment_switch_reads_the_usual_spellings() {
+        for (v, want) in [
+            ("0", Some(false)),
+            ("OFF", Some(false)),
+            (" no", Some(false)),
+            ("false", Some(false)),
+            ("1", Some(true)),
+            ("on", Some(true)),
+            ("ture", None),
+            ("disable", None),
+        ] {
+            assert_eq!(parse_switch(v), want, "{v:?}");
+        }
+    }
 }

@@ -593,6 +593,16 @@ impl Policy {
         let capacity = (max_len + params.max_new_tokens) as i64;
 
         tch::no_grad(|| -> Result<(), ModelError> {
+            // Restored when this closure returns, by any path.
+            let _folded: Vec<lora::Folded> = if fold_lora() {
+                self.model
+                    .projections()
+                    .into_iter()
+                    .filter_map(|(_, lin)| lin.fold_for_inference())
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let (mut cache, mut logits) = self.model.prefill(&distinct, pad, capacity, false)?;
             if m < b {
                 let idx = Tensor::from_slice(&row_of).to_device(device);
@@ -788,6 +798,16 @@ pub fn cut_at_block_end(
         }
     }
     Ok(c)
+}
+
+/// Fold fp32 LoRA adapters into their weights while generating
+/// ([`lora::LoraLinear::fold_for_inference`]); `FALCON_FOLD_LORA=0` keeps
+/// them apart, for benchmarks comparing the two.
+fn fold_lora() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        crate::kernels::env_switch("FALCON_FOLD_LORA", "adapters are folded in").unwrap_or(true)
+    })
 }
 
 impl Generator for Policy {
