@@ -33,12 +33,17 @@ ARMS = {
     # model copies from (docs/train.md).
     "f": ("FALCON, zero-shot prompts", dict(meta=None, rewards="all", fine=FINE, sl=0.1, long_term=True, inner=1,
                                             prompt="zero-shot")),
+    # c with the memory rendering that won on HumanEval (docs/eval.md, "Memory at 135M"):
+    # past tasks as statement, outcome and first error, no foreign code. c-f keep the
+    # papers' full rendering they were run with.
+    "g": ("FALCON, brief memory rendering", dict(meta=None, rewards="all", fine=FINE, sl=0.1, long_term=True, inner=1,
+                                                 render="brief")),
 }
 
 
 # Training steps per minute of each arm on 2 CPU cores (the 15-minute runs of
 # docs/train.md), only to space the held-out evaluations of --evals over the budget.
-STEPS_PER_MINUTE = {"b": 2.4, "c": 0.6, "d": 0.93, "e": 1.13, "f": 0.6}
+STEPS_PER_MINUTE = {"b": 2.4, "c": 0.6, "d": 0.93, "e": 1.13, "f": 0.6, "g": 0.6}
 
 
 def eval_every(arm, a):
@@ -77,6 +82,7 @@ timeout_s = 3.0
 judge = "static"
 {off}[memory]
 embedder = "hash"
+render = "{spec.get('render', 'full') if spec else 'full'}"
 [train]
 steps = {a.steps or 100000}
 tasks_per_step = 4
