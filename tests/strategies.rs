@@ -866,6 +866,46 @@ fn single_program_tests_are_never_shown_the_prompt_example_guides_instead() {
     assert_eq!(g[0].tests, ["assert (inc(1)) == (2)"]);
     assert_eq!(g[1].tests, ["assert callable(inc)"]);
     assert_eq!(g[2].tests, ["assert inc(1) == 2"]);
+
+    // No MemoCoder prompt (planner, code writer, repair) shows the scored
+    // program: the planner and the first attempt once did.
+    let gen_ = Scripted::new(|p: &str| {
+        if p.contains(PLANNER) {
+            "Plan 1:\n1. First, add one to x.".to_owned()
+        } else {
+            "```python\ndef inc(x):\n    return x + one\n```".to_owned()
+        }
+    });
+    let mentor = Scripted::new(|_: &str| MENTOR_ANSWER.to_owned());
+    let gen = GenerationConfig::default();
+    let eval = EvalConfig {
+        batch_size: 1,
+        ..EvalConfig::default()
+    };
+    let env = env(&gen_, &mentor, &sb, &gen, &eval);
+    let cfg = StrategyConfig {
+        max_attempts: 2,
+        ..StrategyConfig::default()
+    };
+    let mut m = Repair::new(RepairConfig::memocoder(&cfg, &FixesConfig::default()));
+    evaluate_strategy(&mut m, &env, &[&he], &eval, &mut |_, _| {}).unwrap();
+    let seen = gen_.seen();
+    assert!(seen.iter().any(|p| p.contains(PLANNER)));
+    assert!(seen
+        .iter()
+        .any(|p| p.contains("This solution was written earlier")));
+    for p in &seen {
+        assert!(
+            !p.contains("candidate(5)") && !p.contains("def check"),
+            "{p}"
+        );
+        if !p.contains(PLANNER) && !p.contains("This solution was written earlier") {
+            assert!(
+                p.contains("assert (inc(1)) == (2)"),
+                "the first attempt sees the guide: {p}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -271,7 +271,10 @@ impl Repair {
         let plans: Vec<String> = if self.cfg.memocoder && self.cfg.planning {
             let prompts: Vec<String> = which
                 .iter()
-                .map(|&s| self.planner_prompt(tasks[slots[s].task]))
+                // The guide, never the task itself: a task whose tests are
+                // one program (HumanEval's `check`) would show the planner
+                // and the code writer the very test it is scored on.
+                .map(|&s| self.planner_prompt(&guides[slots[s].task]))
                 .collect();
             // The answer starts as the format asks, so that a small model
             // writes steps in words instead of code (docs/eval.md).
@@ -297,7 +300,7 @@ impl Repair {
         let prompts: Vec<String> = which
             .iter()
             .zip(&plans)
-            .map(|(&s, p)| self.first_prompt(env, tasks[slots[s].task], p))
+            .map(|(&s, p)| self.first_prompt(env, &guides[slots[s].task], p))
             .collect();
         for (&s, p) in which.iter().zip(plans) {
             slots[s].plans = p;
