@@ -12,6 +12,7 @@ Arms (`NAME bench strategy render tasks`):
   he-sr            HumanEval  self-repair (first 80)
   mbpp-zs, mbpp-falcon-brief  MBPP (sanitized, first 100): zero-shot, FALCON brief
   he-memo-full     HumanEval  MemoCoder with the papers' fix rendering (first 80)
+  he-memo-noplan   HumanEval  MemoCoder `brief` without its planner (first 80)
   nd-docrag        NdonnxEval doc-RAG (first 50 tasks, as a stream)
   nd-memcoder      NdonnxEval MEMCoder (same tasks)
 
@@ -63,6 +64,8 @@ ARMS = [
     ("mbpp-zs", "mbpp", "zero-shot", "full", 100),
     ("mbpp-falcon-brief", "mbpp", "falcon", "brief", 100),
     ("he-memo-full", "humaneval", "memocoder", "full", 80),
+    # MemoCoder without its planner (`planning = false`): is it the plans that cost?
+    ("he-memo-noplan", "humaneval", "memocoder-noplan", "brief", 80),
 ]
 OLD = {"humaneval": "humaneval", "ndonnx": "ndonnx", "mbpp": "mbpp"}
 
@@ -85,8 +88,10 @@ def config(name, bench, strategy, render, tasks, args):
         "[eval]", f'path = "{path}"', f'format = "{fmt}"', f"max_tasks = {tasks}",
         "n = 1", "k = [1]", "temperature = 0.0", "top_p = 1.0", "batch_size = 8",
         "checkpoint_tasks = 20",
-        "[strategy]", f'kind = "{strategy}"', "max_attempts = 3",
+        "[strategy]", f'kind = "{strategy.removesuffix("-noplan")}"', "max_attempts = 3",
     ]
+    if strategy.endswith("-noplan"):
+        lines.append("planning = false")
     if strategy == "falcon":
         lines.append(f'memory_run = "{args.falcon_memory}"')
     return "\n".join(lines) + "\n"

@@ -259,10 +259,11 @@ impl Repair {
     }
 
     /// Run one round (first attempt and repairs) for the slots in `which`.
+    /// Every prompt is built from `guides` (each task with only its guiding
+    /// test), never from the tasks themselves.
     fn round(
         &mut self,
         env: &Env,
-        tasks: &[&Task],
         guides: &[Task],
         slots: &mut [Slot],
         which: &[usize],
@@ -271,9 +272,8 @@ impl Repair {
         let plans: Vec<String> = if self.cfg.memocoder && self.cfg.planning {
             let prompts: Vec<String> = which
                 .iter()
-                // The guide, never the task itself: a task whose tests are
-                // one program (HumanEval's `check`) would show the planner
-                // and the code writer the very test it is scored on.
+                // A task whose tests are one program (HumanEval's `check`)
+                // would show the planner the very test it is scored on.
                 .map(|&s| self.planner_prompt(&guides[slots[s].task]))
                 .collect();
             // The answer starts as the format asks, so that a small model
@@ -470,7 +470,7 @@ impl Strategy for Repair {
                     .filter(|&s| round == 0 || !slots[s].solved)
                     .collect();
                 if !which.is_empty() {
-                    self.round(env, tasks, &guides, &mut slots, &which)?;
+                    self.round(env, &guides, &mut slots, &which)?;
                     self.mentor_rewrites(env)?;
                 }
                 done += ((first + chunk_tasks).min(tasks.len()) - first) * n;
