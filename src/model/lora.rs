@@ -214,8 +214,9 @@ impl LoraLinear {
     /// guard drops, which copies the saved weight back: bit for bit, where
     /// unmerging by subtraction would drift a little every round. For
     /// inference only (autograd off): a decode step then runs one matmul per
-    /// projection instead of three, the two small ones costing about a fifth
-    /// of an RL step's generation on the CPU. `None` (nothing done) without
+    /// projection instead of three (measured on the CPU: about 7% of an RL
+    /// step's generation, 11% of `falcon eval`'s wall time; docs/model.md).
+    /// `None` (nothing done) without
     /// an adapter, when merged, switched off or stacked, while autograd
     /// records, and for weights narrower than fp32 (or cast narrower by
     /// autocast), where `W + ΔW` would round a young adapter's small `ΔW` away.
