@@ -324,6 +324,24 @@ fn patching_builtins_changes_nothing_on_the_trusted_side() {
     assert_contained(&sb, 62110, &r, "patched builtins");
 }
 
+/// A worker imports numpy only once a job names it or imports a module
+/// outside the standard library (worker.py `_preload_for`). A candidate that
+/// reaches numpy another way still answers with numpy values: the child
+/// encodes them, and the trusted side imports numpy to decode them.
+#[test]
+fn numpy_values_cross_when_no_job_names_numpy() {
+    let sb = sandbox(62640);
+    let code = "import importlib\ndef f(n):\n    np = importlib.import_module('nu' + 'mpy')\n    return np.arange(n) * 2, np.int64(n), np.float32(0.5)\n";
+    let t = task(&[
+        "a, n, h = f(3)\nassert type(a).__name__ == 'ndarray' and a.tolist() == [0, 2, 4]",
+        "assert f(3)[1] == 3 and type(f(3)[1]) is int",
+        "assert f(3)[2] == 0.5 and type(f(3)[2]) is float",
+    ]);
+    let r = sb.run(&t, code);
+    assert_eq!(r.n_pass(), 3, "{r:?}");
+    assert!(procs_of_uid(62640).is_empty());
+}
+
 #[test]
 fn forged_result_records_are_ignored() {
     let sb = sandbox(62120);

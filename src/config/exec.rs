@@ -24,9 +24,10 @@ pub const EXEC_DEFAULT_OUTPUT_BYTES: usize = 4096;
 pub const EXEC_DEFAULT_MAX_RESULT_MB: u64 = 16;
 /// Default first uid of the candidate processes; worker `i` uses `uid_base + i`.
 pub const EXEC_DEFAULT_UID_BASE: u32 = 61000;
-/// Modules imported once by every worker before it forks (missing ones are skipped).
 /// Share of GPU memory one numba candidate may take in `cuda = "device"` mode.
 pub const EXEC_DEFAULT_CUDA_MEMORY_FRACTION: f64 = 0.05;
+/// Modules imported once by every worker before it forks (missing ones are
+/// skipped; those outside the standard library wait for a job that may use them).
 pub const EXEC_DEFAULT_PRELOAD: &[&str] = &[
     "math",
     "re",
@@ -190,6 +191,8 @@ pub struct ExecConfig {
     /// numba_cuda tasks: `"auto"`, `"sim"` or `"device"`.
     pub cuda: CudaMode,
     /// Modules each worker imports before forking (missing ones are skipped).
+    /// Standard-library ones at start; the others (numpy) before the first
+    /// job that imports a module outside the standard library or names one.
     pub preload: Vec<String>,
     /// `cuda = "device"`: the share of the GPU's memory one candidate process
     /// may allocate through numba; the rest stays with the trainer.

@@ -16,6 +16,7 @@ import gc
 import importlib
 import json
 import os
+import re
 import resource
 import signal
 import struct
@@ -36,12 +37,31 @@ JOBDIR = LIM["jobdir"]
 MAX_MSG = LIM["max_msg"]
 OUT_CAP = LIM["out_cap"]
 GRACE = 0.5
+_TDIR = os.path.join(JOBDIR, "t")
 CAND = "<candidate>"
 
-try:
-    import numpy as _np
-except BaseException:
-    _np = None
+# numpy is not imported up front: a worker that holds it pays for its
+# 16 MiB and 70 mappings at every fork and every child's exit, 6-8% of a
+# HumanEval job. The trusted side imports it at first need (`_numpy`, and
+# `_preload_for` before a job that may use it); values are recognised as
+# numpy's when numpy is loaded in the process that encodes them.
+_np = None
+_np_tried = False
+
+
+def _numpy():
+    """The real numpy, imported on first need; None where it is missing."""
+    global _np, _np_tried
+    if _np is None and not _np_tried:
+        _np_tried = True
+        try:
+            import numpy
+            _np = numpy
+        except BaseException:
+            pass
+    return _np
+
+
 # ndonnx (NdonnxEval's private library) when installed: its arrays and
 # dtypes travel as plain data ($x / $xd) and are rebuilt as real ndonnx
 # objects on the receiving side, so the trusted side never holds one the
@@ -60,11 +80,51 @@ def _ndonnx():
     return _ndx or None
 
 
+# Standard-library preloads are imported now. The others (numpy) wait for the
+# first job that imports a module outside the standard library or names one
+# of them: pure-Python task sets never fork a worker that holds them.
+_STDLIB = getattr(sys, "stdlib_module_names", None)
+_deferred = []
 for _m in LIM.get("preload", []):
+    if _STDLIB is not None and _m.split(".")[0] not in _STDLIB:
+        _deferred.append(_m)
+        continue
     try:
         importlib.import_module(_m)
     except BaseException:
         pass
+# Import statements, by their whole shape: a docstring's "from two integers"
+# must not count.
+_IMPORTS = re.compile(r"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import\b"
+                      r"|import[ \t]+((?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*[\w.]+(?:[ \t]+as[ \t]+\w+)?)"
+                      r"[ \t]*(?:[;#].*)?$)", re.M)
+
+
+def _wants_deferred(src):
+    if any(m.split(".")[0] in src for m in _deferred):
+        return True
+    for frm, imp in _IMPORTS.findall(src):
+        for name in [frm] if frm else imp.split(","):
+            words = name.split()
+            if words and words[0].split(".")[0] not in _STDLIB:
+                return True
+    return False
+
+
+def _preload_for(sources):
+    """Imports the deferred preloads before the first job that may use them."""
+    if not _deferred:
+        return
+    if not any(type(src) is str and _wants_deferred(src) for src in sources):
+        return
+    for m in _deferred:
+        try:
+            importlib.import_module(m)
+        except BaseException:
+            pass
+    del _deferred[:]
+    gc.collect()
+    gc.freeze()
 
 # Modules the trusted side may import itself when the candidate bound a name
 # to them (`import math`, `import numpy as np`): the test then gets the real
@@ -150,22 +210,23 @@ def encode(x, ref, depth=0):
         return {"$c": [x.real, x.imag]}
     if t is type and _BUILTIN_TYPES.get(x.__name__) is x:
         return {"$y": x.__name__}
-    if _np is not None and t.__module__.split(".")[0] == "ndonnx":
+    np = sys.modules.get("numpy")
+    if np is not None and t.__module__.split(".")[0] == "ndonnx":
         ndx = _ndonnx()
         if ndx is not None and isinstance(x, ndx.Array):
             try:
                 value = x.unwrap_numpy()
             except BaseException:
                 raise Unsendable("an ndonnx array without a value")
-            return {"$x": encode(_np.asarray(value), ref, d)}
+            return {"$x": encode(np.asarray(value), ref, d)}
         if ndx is not None and isinstance(x, ndx.DType):
             for name in dir(ndx):
                 if not name.startswith("_") and getattr(ndx, name) is x:
                     return {"$xd": name}
-    if _np is not None:
-        if t is _np.ndarray and x.dtype.kind not in "OV":
-            return {"$a": [x.dtype.str, list(x.shape), base64.b64encode(_np.ascontiguousarray(x).tobytes()).decode()]}
-        if isinstance(x, _np.generic):
+    if np is not None:
+        if t is np.ndarray and x.dtype.kind not in "OV":
+            return {"$a": [x.dtype.str, list(x.shape), base64.b64encode(np.ascontiguousarray(x).tobytes()).decode()]}
+        if isinstance(x, np.generic):
             return encode(x.item(), ref, d)
     # Subclasses of plain types travel as their base value.
     if isinstance(x, bool):
@@ -214,12 +275,13 @@ def decode(v, deref, depth=0):
             raise BadMessage("malformed bytes")
         return base64.b64decode(p, validate=True)
     if tag == "$a":
-        if _np is None or type(p) is not list or len(p) != 3 or type(p[0]) is not str or type(p[2]) is not str:
+        np = _numpy()
+        if np is None or type(p) is not list or len(p) != 3 or type(p[0]) is not str or type(p[2]) is not str:
             raise BadMessage("malformed array")
-        dt = _np.dtype(p[0])
+        dt = np.dtype(p[0])
         if dt.kind in "OV" or type(p[1]) is not list or not all(type(s) is int and s >= 0 for s in p[1]):
             raise BadMessage("array of unsupported dtype or shape")
-        return _np.frombuffer(base64.b64decode(p[2], validate=True), dtype=dt).reshape(p[1]).copy()
+        return np.frombuffer(base64.b64decode(p[2], validate=True), dtype=dt).reshape(p[1]).copy()
     if tag == "$x":
         ndx = _ndonnx()
         if ndx is None or type(p) is not dict or list(p) != ["$a"]:
@@ -257,8 +319,18 @@ class _CandidateTimeout(BaseException):
     pass
 
 
-def _on_alarm(signum, frame):
-    raise _CandidateTimeout()
+_in_child = False
+
+
+def _on_timer(signum, frame):
+    """SIGALRM / SIGPROF on either side: the worker installs it once and its
+    children inherit it, so a child makes no `signal.signal` call of its own.
+    Its first one costs 0.1-0.2 ms (signal.py's enum conversion of the old
+    handler runs cold, faulting in copy-on-write pages), about 4% of a
+    HumanEval job."""
+    if _in_child:
+        raise _CandidateTimeout()
+    raise Deadline()
 
 
 # The child's own timer, SIGALRM either way. "cpu" (the default, so that a
@@ -280,11 +352,26 @@ try:
     _libc = ctypes.CDLL(None, use_errno=True)
     if not (hasattr(_libc, "timer_create") and hasattr(_libc, "timer_settime")):
         _libc = None
+    else:
+        # Built here, once, so that arming in a fresh child converts no
+        # arguments and creates no ctypes objects (it runs cold there).
+        _libc.timer_create.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        _libc.timer_settime.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        _timer_id = ctypes.c_void_p()
+        _timer_id_ref = ctypes.byref(_timer_id)
+        _timer_spec = _Itimerspec()
+        _timer_spec_ref = ctypes.byref(_timer_spec)
 except BaseException:
     _libc = None
 _CLOCK_PROCESS_CPUTIME_ID = 2
+try:
+    # signal.signal's wrapper turns the old handler into an enum, which for a
+    # Python handler raises and catches a ValueError: 0.2 ms in a fresh child.
+    from _signal import signal as _raw_signal, SIG_DFL as _SIG_DFL
+except ImportError:
+    _raw_signal, _SIG_DFL = signal.signal, signal.SIG_DFL
 _clock = "wall"
-_cpu_timer = None
+_cpu_timer = False
 
 
 def _arm(seconds):
@@ -293,16 +380,15 @@ def _arm(seconds):
     if _clock == "wall":
         signal.setitimer(signal.ITIMER_REAL, seconds)
         return
-    if _libc is not None and _cpu_timer is None:
-        tid = ctypes.c_void_p()
-        if _libc.timer_create(_CLOCK_PROCESS_CPUTIME_ID, None, ctypes.byref(tid)) == 0:
-            _cpu_timer = tid
-    if _cpu_timer is None:
+    if _libc is not None and not _cpu_timer:
+        _cpu_timer = _libc.timer_create(_CLOCK_PROCESS_CPUTIME_ID, None, _timer_id_ref) == 0
+    if not _cpu_timer:
         signal.setitimer(signal.ITIMER_PROF, seconds)
         return
     sec = int(seconds)
-    spec = _Itimerspec(_Timespec(0, 0), _Timespec(sec, int((seconds - sec) * 1e9)))
-    if _libc.timer_settime(_cpu_timer, 0, ctypes.byref(spec), None) != 0:
+    _timer_spec.value.sec = sec
+    _timer_spec.value.nsec = int((seconds - sec) * 1e9)
+    if _libc.timer_settime(_timer_id, 0, _timer_spec_ref, None) != 0:
         raise OSError(ctypes.get_errno(), "timer_settime")
 
 
@@ -348,14 +434,16 @@ def _become_candidate(tdir, argv0, path_first):
         os.setgroups([])
         os.setgid(UID)
         os.setuid(UID)
-    os.environ["HOME"] = tdir
-    os.environ["TMPDIR"] = tdir
+    if tdir != _TDIR:
+        os.environ["HOME"] = tdir
+        os.environ["TMPDIR"] = tdir
     sys.path[:] = path_first + [p for p in sys.path if p not in ("", ".")]
     sys.argv[:] = [argv0]
 
 
 def _child_main(code_objs, rfd, wfd, outfd, tdir, timeout, clock, mode, setup, test, ntests):
-    global _clock
+    global _clock, _in_child
+    _in_child = True
     try:
         os.setsid()
         os.dup2(NULL, 0)
@@ -365,7 +453,6 @@ def _child_main(code_objs, rfd, wfd, outfd, tdir, timeout, clock, mode, setup, t
         os.dup2(wfd, 4)
         os.closerange(5, 1 << 16)
         rfd, wfd = 3, 4
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
         on_gpu = mode == "program" and LIM.get("cuda_device")
         # A CUDA context reserves tens of GiB of (PROT_NONE) address space:
         # on the GPU, the memory limit applies to the data segment instead.
@@ -391,8 +478,6 @@ def _child_main(code_objs, rfd, wfd, outfd, tdir, timeout, clock, mode, setup, t
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         _become_candidate(tdir, CAND, [])
         _clock = clock
-        signal.signal(signal.SIGALRM, _on_alarm)
-        signal.signal(signal.SIGPROF, _on_alarm)
         _arm(timeout)
     except BaseException:
         os._exit(71)
@@ -462,8 +547,9 @@ def _child_serve(code_objs, rfd, wfd, mode, setup, test):
                 kwargs = {k: decode(a, deref) for k, a in req["kwargs"]}
                 reply["span"] = _span(obj)
                 res = obj(*args, **kwargs)
+                np = sys.modules.get("numpy")
                 reply["out"] = [[i, encode(a, ref)] for i, a in enumerate(args)
-                                if type(a) in (list, dict, set) or (_np is not None and type(a) is _np.ndarray)]
+                                if type(a) in (list, dict, set) or (np is not None and type(a) is np.ndarray)]
             elif op == "getattr":
                 res = getattr(obj, req["name"])
             elif op == "setattr":
@@ -521,10 +607,6 @@ def _cap_cuda_memory(fraction):
 
 class Deadline(BaseException):
     pass
-
-
-def _on_deadline(signum, frame):
-    raise Deadline()
 
 
 class ChildGone(BaseException):
@@ -805,6 +887,7 @@ class Remote:
 
 
 def _copy_back(child, args, out):
+    np = sys.modules.get("numpy")
     for item in out:
         if type(item) is not list or len(item) != 2 or type(item[0]) is not int or not 0 <= item[0] < len(args):
             continue
@@ -822,7 +905,7 @@ def _copy_back(child, args, out):
         elif t is set and type(new) is set:
             orig.clear()
             orig.update(new)
-        elif _np is not None and t is _np.ndarray and type(new) is _np.ndarray and new.shape == orig.shape:
+        elif np is not None and t is np.ndarray and type(new) is np.ndarray and new.shape == orig.shape:
             orig[...] = new
 
 
@@ -920,7 +1003,7 @@ def _rmtree(path):
 
 
 def _fresh_tdir():
-    tdir = os.path.join(JOBDIR, "t")
+    tdir = _TDIR
     # Reuse the test directory when the last candidate left it empty and
     # unchanged; otherwise start from a fresh one.
     try:
@@ -1034,8 +1117,9 @@ def _tail(path, cap):
 
 
 def run_job(job):
-    t0 = time.perf_counter()
     tests = job["tests"]
+    _preload_for([job.get("code"), job.get("prelude"), job.get("setup")] + list(tests))
+    t0 = time.perf_counter()
     try:
         code_obj = compile(job["code"], CAND, "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as e:
@@ -1119,8 +1203,8 @@ def _script_child(code, inpath, outpath, errpath, tdir, timeout, clock, as_limit
         # reads a SIGALRM death as the time limit. Code that catches SIGALRM
         # still meets RLIMIT_CPU or the wall-clock deadline.
         _clock = clock
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.signal(signal.SIGPROF, signal.SIG_DFL)
+        _raw_signal(int(signal.SIGALRM), _SIG_DFL)
+        _raw_signal(int(signal.SIGPROF), _SIG_DFL)
         _arm(timeout)
     except BaseException:
         os._exit(71)
@@ -1156,6 +1240,7 @@ def _script_child(code, inpath, outpath, errpath, tdir, timeout, clock, as_limit
 
 
 def run_script(job):
+    _preload_for([job.get("script")])
     t0 = time.perf_counter()
     timeout = float(job["timeout"])
     clock = job["clock"] if job.get("clock") in CLOCKS else "wall"
@@ -1255,10 +1340,14 @@ def main():
             os.sched_setaffinity(0, {cpus[LIM["pin"] % len(cpus)]})
     except (AttributeError, OSError):
         pass
-    signal.signal(signal.SIGALRM, _on_deadline)
+    signal.signal(signal.SIGALRM, _on_timer)
+    signal.signal(signal.SIGPROF, _on_timer)
+    # Every candidate directory is JOBDIR/t: set once here, a child's
+    # environment needs no change (see _become_candidate).
+    os.environ["HOME"] = os.environ["TMPDIR"] = _TDIR
     gc.collect()
     gc.freeze()
-    info = {"ready": True, "python": sys.version.split()[0], "numpy": _np is not None,
+    info = {"ready": True, "python": sys.version.split()[0], "numpy": "numpy" in sys.modules,
             "numba": "numba" in sys.modules}
     send(PROTO_OUT, info)
     os.dup2(NULL, 2)
