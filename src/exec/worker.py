@@ -434,9 +434,8 @@ def _become_candidate(tdir, argv0, path_first):
         os.setgroups([])
         os.setgid(UID)
         os.setuid(UID)
-    if tdir != _TDIR:
-        os.environ["HOME"] = tdir
-        os.environ["TMPDIR"] = tdir
+    os.environ["HOME"] = tdir
+    os.environ["TMPDIR"] = tdir
     sys.path[:] = path_first + [p for p in sys.path if p not in ("", ".")]
     sys.argv[:] = [argv0]
 
@@ -1342,9 +1341,6 @@ def main():
         pass
     signal.signal(signal.SIGALRM, _on_timer)
     signal.signal(signal.SIGPROF, _on_timer)
-    # Every candidate directory is JOBDIR/t: set once here, a child's
-    # environment needs no change (see _become_candidate).
-    os.environ["HOME"] = os.environ["TMPDIR"] = _TDIR
     gc.collect()
     gc.freeze()
     info = {"ready": True, "python": sys.version.split()[0], "numpy": "numpy" in sys.modules,
