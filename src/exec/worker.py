@@ -37,7 +37,6 @@ JOBDIR = LIM["jobdir"]
 MAX_MSG = LIM["max_msg"]
 OUT_CAP = LIM["out_cap"]
 GRACE = 0.5
-_TDIR = os.path.join(JOBDIR, "t")
 CAND = "<candidate>"
 
 # numpy is not imported up front: a worker that holds it pays for its
@@ -45,21 +44,20 @@ CAND = "<candidate>"
 # HumanEval job. The trusted side imports it at first need (`_numpy`, and
 # `_preload_for` before a job that may use it); values are recognised as
 # numpy's when numpy is loaded in the process that encodes them.
-_np = None
 _np_tried = False
 
 
 def _numpy():
     """The real numpy, imported on first need; None where it is missing."""
-    global _np, _np_tried
-    if _np is None and not _np_tried:
+    global _np_tried
+    np = sys.modules.get("numpy")
+    if np is None and not _np_tried:
         _np_tried = True
         try:
-            import numpy
-            _np = numpy
+            import numpy as np
         except BaseException:
-            pass
-    return _np
+            np = None
+    return np
 
 
 # ndonnx (NdonnxEval's private library) when installed: its arrays and
@@ -84,15 +82,18 @@ def _ndonnx():
 # first job that imports a module outside the standard library or names one
 # of them: pure-Python task sets never fork a worker that holds them.
 _STDLIB = getattr(sys, "stdlib_module_names", None)
-_deferred = []
-for _m in LIM.get("preload", []):
-    if _STDLIB is not None and _m.split(".")[0] not in _STDLIB:
-        _deferred.append(_m)
-        continue
-    try:
-        importlib.import_module(_m)
-    except BaseException:
-        pass
+
+
+def _import_all(names):
+    for m in names:
+        try:
+            importlib.import_module(m)
+        except BaseException:
+            pass
+
+
+_deferred = [m for m in LIM.get("preload", []) if _STDLIB is not None and m.split(".")[0] not in _STDLIB]
+_import_all(m for m in LIM.get("preload", []) if m not in _deferred)
 # Import statements, by their whole shape: a docstring's "from two integers"
 # must not count.
 _IMPORTS = re.compile(r"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import\b"
@@ -117,11 +118,7 @@ def _preload_for(sources):
         return
     if not any(type(src) is str and _wants_deferred(src) for src in sources):
         return
-    for m in _deferred:
-        try:
-            importlib.import_module(m)
-        except BaseException:
-            pass
+    _import_all(_deferred)
     del _deferred[:]
     gc.collect()
     gc.freeze()
@@ -1002,7 +999,7 @@ def _rmtree(path):
 
 
 def _fresh_tdir():
-    tdir = _TDIR
+    tdir = os.path.join(JOBDIR, "t")
     # Reuse the test directory when the last candidate left it empty and
     # unchanged; otherwise start from a fresh one.
     try:

@@ -216,10 +216,10 @@ impl LoraLinear {
     /// inference only (autograd off): a decode step then runs one matmul per
     /// projection instead of three (measured on the CPU: about 7% of an RL
     /// step's generation, 11% of `falcon eval`'s wall time; docs/model.md).
-    /// `None` (nothing done) without
-    /// an adapter, when merged, switched off or stacked, while autograd
-    /// records, and for weights narrower than fp32 (or cast narrower by
-    /// autocast), where `W + ΔW` would round a young adapter's small `ΔW` away.
+    /// `None` (nothing done) without an adapter, when merged, switched off or
+    /// stacked, while autograd records, and for weights narrower than fp32 (or
+    /// cast narrower by autocast), where `W + ΔW` would round a young
+    /// adapter's small `ΔW` away.
     pub fn fold_for_inference(&self) -> Option<Folded<'_>> {
         let ad = self.adapter.as_ref()?;
         if ad.merged.get()
