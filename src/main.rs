@@ -133,8 +133,26 @@ fn passive_openmp() {
     eprintln!("falcon: could not re-execute with OMP_WAIT_POLICY=PASSIVE: {err}");
 }
 
+/// Keep freed tensor memory in the heap instead of handing it back to the
+/// kernel at each free. glibc maps allocations from 128 KiB up (the limit
+/// moves up to 32 MiB as they are freed) and trims the heap's top past twice
+/// that, so the per-step tensors of a batched decode (a 32 × 49152 logits
+/// tensor is 6 MiB) came back as fresh pages, each faulted and zeroed again:
+/// about 10% of a batch-32 generation's main thread (perf). With the
+/// threshold at its 32 MiB maximum and the heap trimmed past 512 MiB, batch-
+/// 32 generation took 7% less time for 230 MiB more peak memory.
+fn keep_freed_memory() {
+    // SAFETY: mallopt only sets allocator parameters; called before any
+    // other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 512 << 20);
+    }
+}
+
 fn main() -> ExitCode {
     passive_openmp();
+    keep_freed_memory();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

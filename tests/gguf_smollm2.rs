@@ -134,3 +134,41 @@ fn gguf_with_unknown_tensor_type_names_file_and_tensor() {
         .to_string();
     assert!(e.contains("weird.gguf"), "{e}");
 }
+
+/// Generation that watches only for the answer's code block to close
+/// decodes the text again only after a token that may hold a backtick.
+/// Replayed token by token with the real tokenizer, the first prefix that
+/// closes the block always ends in such a token, and most tokens are not
+/// flagged (the shortcut skips work).
+#[test]
+fn a_code_block_closes_only_on_a_token_that_may_hold_a_backtick() {
+    let dir = hub::resolve(hub::EMBEDDED).unwrap();
+    let p = Policy::load(&dir, Dtype::Fp32, Device::Cpu).unwrap();
+    let tok = p.tokenizer().unwrap();
+    let params = falcon_rl::model::GenerationParams {
+        stop_at_block_end: true,
+        ..Default::default()
+    };
+    for text in [
+        "Sure:\n```python\ndef f(x):\n    return x\n```\nDone.",
+        "```\nx = 1\n``` and more",
+        "```py\n\n```python\ny = [2]\n    ````",
+        "Here `f` is:\n```python\nz=`3`\n```",
+    ] {
+        let ids = tok.encode(text, false).unwrap();
+        let closes = |n: usize| {
+            let t = tok.decode(&ids[..n], true).unwrap();
+            falcon_rl::model::generate::stop_in(&t, &params).is_some()
+        };
+        let n = (1..=ids.len())
+            .find(|&n| closes(n))
+            .expect("the block closes");
+        assert!(tok.may_hold_backtick(ids[n - 1]), "{text:?}: token {n}");
+    }
+    let flagged = (0..2000).filter(|&i| tok.may_hold_backtick(i)).count();
+    assert!(
+        flagged > 0 && flagged < 100,
+        "{flagged} of 2000 ids flagged"
+    );
+    assert!(tok.may_hold_backtick(-1) && tok.may_hold_backtick(1 << 40));
+}

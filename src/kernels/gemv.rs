@@ -252,6 +252,22 @@ enum Input {
     Bf16(Vec<u16>),
 }
 
+/// Work the pool's threads share: each thread claims parts until none are
+/// left ([`Work::work`]); the caller returns once every part is done.
+pub(crate) trait Work: Send + Sync {
+    /// Claim and do parts until none are left.
+    fn work(&self);
+    /// Is every claimed part done?
+    fn finished(&self) -> bool;
+}
+
+/// Run `job` on the caller and the pool's workers (the caller alone while
+/// another thread has the pool, or where the pool has no workers);
+/// returns when it is finished.
+pub(crate) fn run_shared(job: Arc<dyn Work>) {
+    pool().run(job)
+}
+
 /// One product, split into chunks of output rows.
 struct Job {
     x: Input,
@@ -271,6 +287,16 @@ struct Job {
     chunks: usize,
     next: AtomicUsize,
     done: AtomicUsize,
+}
+
+impl Work for Job {
+    fn work(&self) {
+        Job::work(self)
+    }
+
+    fn finished(&self) -> bool {
+        Job::finished(self)
+    }
 }
 
 impl Job {
@@ -682,7 +708,7 @@ mod simd {
 /// The worker threads (libtorch's thread count less the caller) and the
 /// one job they are working on.
 struct Pool {
-    job: Mutex<Option<Arc<Job>>>,
+    job: Mutex<Option<Arc<dyn Work>>>,
     /// Bumped for every job, so a spinning worker sees it without the lock.
     epoch: AtomicU64,
     workers: OnceLock<Vec<Thread>>,
@@ -714,7 +740,7 @@ fn pool() -> &'static Pool {
 }
 
 impl Pool {
-    fn run(&self, job: Arc<Job>) {
+    fn run(&self, job: Arc<dyn Work>) {
         let workers = self.workers.get().map_or(&[][..], Vec::as_slice);
         if workers.is_empty()
             || self

@@ -18,11 +18,17 @@
 //! - [`device`]: the device's free and total memory, and kernel launches.
 //! - [`gemv`] (CPU, not CUDA): a decode step's matrix-vector products at
 //!   batch 1 to 8, on a small spinning pool instead of libtorch's OpenMP.
+//! - [`decode_ops`] (CPU): a batched decode step's attention over the KV
+//!   cache and SiLU-gated product, one pass each.
+//! - [`packed`] (CPU): at 9 to 64 rows, MKL's sgemm on weights packed once
+//!   per generation instead of at every call.
 
+pub mod decode_ops;
 pub mod device;
 pub mod fused;
 pub mod gemv;
 pub mod multi_lora;
+pub mod packed;
 pub mod toolchain;
 
 /// Every kernel source: `(name, CUDA C)`.

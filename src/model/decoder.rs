@@ -404,6 +404,9 @@ struct Attention {
 /// `roll(x, D/2)·[-sin₁, sin₂]`: the same products (negation is exact), in
 /// three kernels instead of seven. `sin_signed` carries the sign.
 fn apply_rope(x: &Tensor, cos: &Tensor, sin_signed: &Tensor) -> Tensor {
+    if let Some(y) = crate::kernels::decode_ops::rope(x, cos, sin_signed) {
+        return y;
+    }
     let half = x.size()[3] / 2;
     x * cos + x.roll([half], [3]) * sin_signed
 }
@@ -456,7 +459,13 @@ impl Attention {
         } else {
             q
         };
-        let y = if ctx.math {
+        let fast = grouped && !ctx.math;
+        let y = if let Some(y) = fast
+            .then(|| crate::kernels::decode_ops::attention(&q, &k, &v, ctx.mask.as_ref()))
+            .flatten()
+        {
+            y
+        } else if ctx.math {
             // The math kernel takes an additive mask; a boolean one is
             // converted by the dispatching op only.
             let additive = ctx.mask.as_ref().map(|m| {
@@ -511,7 +520,7 @@ impl Mlp {
             .forward_t(&[&self.gate_proj, &self.up_proj], x, train)
             .into_iter();
         let (g, u) = (gu.next().expect("gate"), gu.next().expect("up"));
-        let h = g.silu() * u;
+        let h = crate::kernels::decode_ops::silu_mul(&g, &u).unwrap_or_else(|| g.silu() * u);
         self.down_proj.forward_t(&h, train)
     }
 }
@@ -527,6 +536,9 @@ struct Block {
 /// after casting back to the activation dtype.
 fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
     let kind = x.kind();
+    if let Some(y) = crate::kernels::decode_ops::rms_norm(x, weight, eps) {
+        return y;
+    }
     if kind == Kind::Float || kind == Kind::Double {
         // libtorch's fused kernel is bit-identical to the composite in fp32
         // and one dispatch instead of eight (fp64, for gradient checks, stays
@@ -842,7 +854,9 @@ impl Decoder {
     /// Logits `[N, V]` of final normalised hidden states `[N, H]`.
     fn project(&self, h: &Tensor) -> Tensor {
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        if let Some(y) = crate::kernels::gemv::linear(h, head, None) {
+        if let Some(y) = crate::kernels::gemv::linear(h, head, None)
+            .or_else(|| crate::kernels::packed::linear(h, head, None))
+        {
             return y;
         }
         // `W · hᵀ` rather than `h · Wᵀ`: for the few rows of a decode step the

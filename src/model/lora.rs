@@ -327,9 +327,13 @@ impl Fused {
 }
 
 /// `x Wᵀ + b`: a decode step's few rows through the CPU kernel
-/// ([`crate::kernels::gemv`]), everything else through libtorch.
+/// ([`crate::kernels::gemv`]), a batched decode step's rows through weights
+/// packed for the generation ([`crate::kernels::packed`]), everything else
+/// through libtorch.
 pub(crate) fn base_linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
-    crate::kernels::gemv::linear(x, w, b).unwrap_or_else(|| x.linear(w, b))
+    crate::kernels::gemv::linear(x, w, b)
+        .or_else(|| crate::kernels::packed::linear(x, w, b))
+        .unwrap_or_else(|| x.linear(w, b))
 }
 
 /// Do `parts`' weights and biases still lie, in order, inside `w` and `b`?

@@ -41,6 +41,8 @@ pub struct TextTokenizer {
     eos_ids: BTreeSet<i64>,
     pad_id: Option<i64>,
     source: PathBuf,
+    /// Per id: does the token's text hold a backtick? Built at first use.
+    backtick: std::sync::OnceLock<Vec<bool>>,
 }
 
 fn token_string(v: Option<&serde_json::Value>) -> Option<String> {
@@ -116,6 +118,7 @@ impl TextTokenizer {
             eos_ids,
             pad_id,
             source: path,
+            backtick: std::sync::OnceLock::new(),
         })
     }
 
@@ -146,6 +149,28 @@ impl TextTokenizer {
         self.inner
             .decode(&ids, skip_special_tokens)
             .map_err(|e| ModelError::bad(&self.source, format!("decoding failed: {e}")))
+    }
+
+    /// Could token `id` put a backtick into decoded text? A code fence
+    /// needs one, so a generation that only watches for its code block to
+    /// close decodes the text again only after such a token. Each id is
+    /// decoded alone, special tokens included: a backtick is one ASCII byte,
+    /// so the token whose bytes hold it shows it decoded alone too, and an
+    /// id that fails to decode counts as holding one.
+    pub fn may_hold_backtick(&self, id: i64) -> bool {
+        let table = self.backtick.get_or_init(|| {
+            (0..self.inner.get_vocab_size(true) as u32)
+                .map(|i| {
+                    self.inner
+                        .decode(&[i], false)
+                        .map_or(true, |t| t.contains('`'))
+                })
+                .collect()
+        });
+        usize::try_from(id)
+            .ok()
+            .and_then(|i| table.get(i).copied())
+            .unwrap_or(true)
     }
 
     /// Ids that end a completion.

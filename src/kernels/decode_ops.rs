@@ -1,0 +1,618 @@
+//! The small operations of a batched CPU decode step that libtorch runs as
+//! several kernels each, here in one pass: attention of one new token per
+//! sequence over the KV cache, and the MLP's SiLU-gated product. fp32,
+//! AVX-512, nothing for autograd to record, inside a generation's
+//! [`Scope`]; `None` otherwise (the caller
+//! keeps libtorch's ops, which the tests compare these against).
+//!
+//! Why: in an RL step's batch-32 generation, attention (libtorch's
+//! `scaled_dot_product_attention`) took 18% of the forward time, 0.37 ms
+//! per call for work bound by reading the cache, and each of a layer's
+//! parallel libtorch ops wakes libtorch's OpenMP threads, which falcon runs
+//! passive (see `main.rs`): with every wake removed (a spinning OpenMP, not
+//! an option beside the sandbox) generation took 7% less time. Attention
+//! here runs on the CPU kernels' worker pool ([`super::gemv::run_shared`]),
+//! whose workers spin (yielding) between jobs; the SiLU product, a few
+//! microseconds of work, runs on the caller.
+//!
+//! `exp` is Cephes' single-precision polynomial (about 1 ulp), so values
+//! differ from libtorch's in the last bits: generation's numbers, not the
+//! update's, which recomputes everything under autograd in libtorch.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use tch::{Device, Kind, Tensor};
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+static ENV_CHECKED: OnceLock<()> = OnceLock::new();
+
+/// Switch these kernels on or off for the whole process.
+/// `FALCON_CPU_DECODE_OPS=0` in the environment starts them off;
+/// benchmarks use either to compare the two paths.
+pub fn set_enabled(on: bool) {
+    ENV_CHECKED.get_or_init(|| ());
+    ENABLED.store(on, Ordering::SeqCst);
+}
+
+fn enabled() -> bool {
+    ENV_CHECKED.get_or_init(|| {
+        if let Some(on) = super::env_switch("FALCON_CPU_DECODE_OPS", "the decode kernels stay on") {
+            ENABLED.store(on, Ordering::SeqCst);
+        }
+    });
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Does this CPU have AVX-512F?
+pub fn supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| is_x86_feature_detected!("avx512f"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+thread_local! {
+    static DEPTH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// While alive, this thread's decode steps may take these kernels. Only a
+/// generation opens one: every other forward (a KL penalty's reference
+/// pass, scoring) keeps libtorch's numbers to the bit, so that two passes
+/// meant to agree differ only where their inputs do.
+pub struct Scope {
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+/// Open a scope (they nest).
+pub fn scope() -> Scope {
+    DEPTH.with(|d| d.set(d.get() + 1));
+    Scope {
+        _not_send: std::marker::PhantomData,
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        DEPTH.with(|d| d.set(d.get() - 1));
+    }
+}
+
+fn applies(ts: &[&Tensor]) -> bool {
+    DEPTH.with(|d| d.get()) > 0
+        && enabled()
+        && supported()
+        && ts
+            .iter()
+            .all(|t| t.kind() == Kind::Float && t.device() == Device::Cpu)
+        && !(super::grad_enabled() && ts.iter().any(|t| t.requires_grad()))
+}
+
+/// Attention of one query position per sequence: `q` `[B, H, G, D]` (the
+/// `G` query heads that share kv head `h`), `k`, `v` `[B, H, S, D]` (any
+/// strides but a contiguous last dimension: views of a cache), `mask`
+/// `[B, 1, 1, S]` bool (true: attend) or `None`; scale `1/√D`. Returns
+/// `[B, H, G, D]`. A row with no key to attend gets zeros.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Option<Tensor> {
+    if !applies(&[q, k, v]) || q.dim() != 4 || k.dim() != 4 || v.dim() != 4 {
+        return None;
+    }
+    let (qs, ks) = (q.size(), k.size());
+    let (b, h, g, d) = (qs[0], qs[1], qs[2], qs[3]);
+    let s = ks[2];
+    if ks != [b, h, s, d] || v.size() != ks || d % 16 != 0 || d > 256 || g > 16 || s == 0 {
+        return None;
+    }
+    if k.stride()[3] != 1 || v.stride()[3] != 1 {
+        return None;
+    }
+    let mask = match mask {
+        Some(m) => {
+            if m.kind() != Kind::Bool || m.device() != Device::Cpu || m.size() != [b, 1, 1, s] {
+                return None;
+            }
+            Some(m.shallow_clone())
+        }
+        None => None,
+    };
+    let q = q.contiguous();
+    let y = Tensor::empty([b, h, g, d], (Kind::Float, Device::Cpu));
+    let (kst, vst) = (k.stride(), v.stride());
+    let job = Arc::new(Attend {
+        q: q.data_ptr() as usize,
+        k: k.data_ptr() as usize,
+        v: v.data_ptr() as usize,
+        y: y.data_ptr() as usize,
+        mask: mask
+            .as_ref()
+            .map(|m| (m.data_ptr() as usize, m.stride()[0], m.stride()[3])),
+        k_strides: [kst[0], kst[1], kst[2]],
+        v_strides: [vst[0], vst[1], vst[2]],
+        heads: h as usize,
+        g: g as usize,
+        d: d as usize,
+        s: s as usize,
+        parts: (b * h) as usize,
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+    });
+    super::gemv::run_shared(job);
+    // `q`, `k`, `v`, `mask` and `y` outlive the job: run_shared returns
+    // only when every part is done.
+    drop((q, mask));
+    Some(y)
+}
+
+/// Most elements [`silu_mul`] takes (one thread does them): 64 rows of
+/// SmolLM2-135M's MLP and more.
+const MAX_SILU_ELEMENTS: usize = 1 << 17;
+
+/// `silu(g) · u` for `g`, `u` `[.., N]` of one shape (rows may be strided,
+/// as the two halves of a fused gate/up projection are); a contiguous
+/// result.
+pub fn silu_mul(g: &Tensor, u: &Tensor) -> Option<Tensor> {
+    if !applies(&[g, u]) || g.size() != u.size() || g.dim() < 1 {
+        return None;
+    }
+    let n = *g.size().last()? as usize;
+    let (g2, u2) = (g.reshape([-1, n as i64]), u.reshape([-1, n as i64]));
+    if g2.stride()[1] != 1 || u2.stride()[1] != 1 {
+        return None;
+    }
+    let rows = g2.size()[0] as usize;
+    // A prefill's products are larger and keep libtorch's parallel ops.
+    if rows * n > MAX_SILU_ELEMENTS {
+        return None;
+    }
+    let y = Tensor::empty(g.size(), (Kind::Float, Device::Cpu));
+    let (gs, us) = (g2.stride()[0] as usize, u2.stride()[0] as usize);
+    for r in 0..rows {
+        // SAFETY: row `r` of each: `n` fp32 from its row start; AVX-512F
+        // checked in `applies`.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            simd::silu_mul_row(
+                (g2.data_ptr() as *const f32).add(r * gs),
+                (u2.data_ptr() as *const f32).add(r * us),
+                (y.data_ptr() as *mut f32).add(r * n),
+                n,
+            )
+        };
+    }
+    Some(y)
+}
+
+/// `x / √(mean(x²) + eps) · w` over the last dimension of `x` `[.., N]`
+/// (contiguous), `w` `[N]`; the sum of squares in fp32, as libtorch's.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Option<Tensor> {
+    if !applies(&[x, w]) || x.dim() < 1 || !x.is_contiguous() || !w.is_contiguous() {
+        return None;
+    }
+    let n = *x.size().last()? as usize;
+    if w.size() != [n as i64] || n == 0 || x.numel() > MAX_SILU_ELEMENTS {
+        return None;
+    }
+    let rows = x.numel() / n;
+    let y = Tensor::empty(x.size(), (Kind::Float, Device::Cpu));
+    for r in 0..rows {
+        // SAFETY: row `r` of `x` and `y`, `n` fp32 each, and `w`'s `n`;
+        // AVX-512F checked in `applies`.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            simd::rms_norm_row(
+                (x.data_ptr() as *const f32).add(r * n),
+                w.data_ptr() as *const f32,
+                (y.data_ptr() as *mut f32).add(r * n),
+                n,
+                eps as f32,
+            )
+        };
+    }
+    Some(y)
+}
+
+/// Rotary embedding as `x·cos + roll(x, D/2)·sin_signed` over the last
+/// dimension: `x` `[B, H, T, D]`, `cos` and `sin_signed` `[B, 1, T, D]`
+/// (the sign of `rotate_half` folded into `sin_signed`).
+pub fn rope(x: &Tensor, cos: &Tensor, sin_signed: &Tensor) -> Option<Tensor> {
+    if !applies(&[x, cos, sin_signed]) || x.dim() != 4 || x.numel() > MAX_SILU_ELEMENTS {
+        return None;
+    }
+    let xs = x.size();
+    let (b, h, t, d) = (xs[0], xs[1], xs[2], xs[3]);
+    if cos.size() != [b, 1, t, d] || sin_signed.size() != [b, 1, t, d] || d % 2 != 0 {
+        return None;
+    }
+    let (x, cos, sin) = (x.contiguous(), cos.contiguous(), sin_signed.contiguous());
+    let y = Tensor::empty([b, h, t, d], (Kind::Float, Device::Cpu));
+    let (xp, cp, sp, yp) = (
+        x.data_ptr() as *const f32,
+        cos.data_ptr() as *const f32,
+        sin.data_ptr() as *const f32,
+        y.data_ptr() as *mut f32,
+    );
+    let (h, t, d) = (h as usize, t as usize, d as usize);
+    let half = d / 2;
+    for bi in 0..b as usize {
+        for hi in 0..h {
+            for ti in 0..t {
+                let row = ((bi * h + hi) * t + ti) * d;
+                let table = (bi * t + ti) * d;
+                // SAFETY: in-bounds offsets of the contiguous tensors above.
+                unsafe {
+                    for j in 0..d {
+                        let rolled = *xp.add(row + (j + half) % d);
+                        *yp.add(row + j) =
+                            *xp.add(row + j) * *cp.add(table + j) + rolled * *sp.add(table + j);
+                    }
+                }
+            }
+        }
+    }
+    Some(y)
+}
+
+/// One attention call, shared out by `(sequence, kv head)`.
+struct Attend {
+    /// Addresses of `q`, `k`, `v`, the output, and the mask with its
+    /// sequence and key strides; valid until the job is finished.
+    q: usize,
+    k: usize,
+    v: usize,
+    y: usize,
+    mask: Option<(usize, i64, i64)>,
+    k_strides: [i64; 3],
+    v_strides: [i64; 3],
+    heads: usize,
+    g: usize,
+    d: usize,
+    s: usize,
+    parts: usize,
+    next: AtomicUsize,
+    done: AtomicUsize,
+}
+
+impl super::gemv::Work for Attend {
+    fn work(&self) {
+        let mut scores = vec![0f32; self.g * self.s];
+        let mut acc = vec![0f32; self.g * self.d];
+        loop {
+            let p = self.next.fetch_add(1, Ordering::Relaxed);
+            if p >= self.parts {
+                return;
+            }
+            // SAFETY: part `p` writes only its own `[G, D]` block of the
+            // output; the addresses are live (see `Attend::q`).
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                self.part(p, &mut scores, &mut acc)
+            };
+            self.done.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.done.load(Ordering::Acquire) >= self.parts
+    }
+}
+
+impl Attend {
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn part(&self, p: usize, scores: &mut [f32], acc: &mut [f32]) {
+        let (bi, hi) = ((p / self.heads) as i64, (p % self.heads) as i64);
+        let (g, d, s) = (self.g, self.d, self.s);
+        let q = (self.q as *const f32).add(p * g * d);
+        let k = (self.k as *const f32)
+            .offset((bi * self.k_strides[0] + hi * self.k_strides[1]) as isize);
+        let v = (self.v as *const f32)
+            .offset((bi * self.v_strides[0] + hi * self.v_strides[1]) as isize);
+        let attends = |j: usize| match self.mask {
+            Some((m, sb, sk)) => *(m as *const u8).offset((bi * sb + j as i64 * sk) as isize) != 0,
+            None => true,
+        };
+        let scale = 1.0 / (d as f32).sqrt();
+        simd::scores(
+            q,
+            k,
+            self.k_strides[2] as usize,
+            g,
+            d,
+            s,
+            scale,
+            &attends,
+            scores,
+        );
+        let y = (self.y as *mut f32).add(p * g * d);
+        simd::weighted_values(v, self.v_strides[2] as usize, g, d, s, scores, acc, y);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    /// `e^x` for each lane: Cephes' `expf` (range reduction by ln 2 in two
+    /// parts, a degree-5 polynomial), about 1 ulp; inputs below -104 give 0
+    /// (`-inf` included), above 88.7 +inf.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn exp(x: __m512) -> __m512 {
+        let x = _mm512_max_ps(x, _mm512_set1_ps(-104.0));
+        let x = _mm512_min_ps(x, _mm512_set1_ps(88.72283));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm512_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        }
+        let r2 = _mm512_mul_ps(r, r);
+        let y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0));
+        _mm512_scalef_ps(y, n)
+    }
+
+    /// Lanes `0..len` of `p` (at most 16), the rest zero.
+    #[inline(always)]
+    unsafe fn load_tail(p: *const f32, len: usize) -> __m512 {
+        _mm512_maskz_loadu_ps(((1u32 << len) - 1) as u16, p)
+    }
+
+    /// `scores[i·s + j] = (q_i · k_j) · scale`, `-inf` where key `j` is not
+    /// attended; then each row `i` becomes `exp(score - max)` (its softmax
+    /// numerators).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn scores(
+        q: *const f32,
+        k: *const f32,
+        k_row: usize,
+        g: usize,
+        d: usize,
+        s: usize,
+        scale: f32,
+        attends: &dyn Fn(usize) -> bool,
+        scores: &mut [f32],
+    ) {
+        for j in 0..s {
+            if !attends(j) {
+                for i in 0..g {
+                    scores[i * s + j] = f32::NEG_INFINITY;
+                }
+                continue;
+            }
+            let kj = k.add(j * k_row);
+            for i in 0..g {
+                let qi = q.add(i * d);
+                let mut a = _mm512_setzero_ps();
+                for c in (0..d).step_by(16) {
+                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qi.add(c)), _mm512_loadu_ps(kj.add(c)), a);
+                }
+                scores[i * s + j] = _mm512_reduce_add_ps(a) * scale;
+            }
+        }
+        for i in 0..g {
+            let row = &mut scores[i * s..(i + 1) * s];
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let m = _mm512_set1_ps(if max == f32::NEG_INFINITY { 0.0 } else { max });
+            let mut j = 0;
+            while j < s {
+                let len = (s - j).min(16);
+                let mask = ((1u32 << len) - 1) as u16;
+                let x = _mm512_maskz_loadu_ps(mask, row.as_ptr().add(j));
+                _mm512_mask_storeu_ps(row.as_mut_ptr().add(j), mask, exp(_mm512_sub_ps(x, m)));
+                j += 16;
+            }
+        }
+    }
+
+    /// `y_i = Σ_j w_ij v_j / Σ_j w_ij` for the numerators `w` from
+    /// [`scores`]; zeros where a row has none.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn weighted_values(
+        v: *const f32,
+        v_row: usize,
+        g: usize,
+        d: usize,
+        s: usize,
+        w: &[f32],
+        acc: &mut [f32],
+        y: *mut f32,
+    ) {
+        acc[..g * d].fill(0.0);
+        for j in 0..s {
+            let vj = v.add(j * v_row);
+            for i in 0..g {
+                let wij = w[i * s + j];
+                if wij == 0.0 {
+                    continue;
+                }
+                let wv = _mm512_set1_ps(wij);
+                let ai = acc.as_mut_ptr().add(i * d);
+                for c in (0..d).step_by(16) {
+                    let a =
+                        _mm512_fmadd_ps(wv, _mm512_loadu_ps(vj.add(c)), _mm512_loadu_ps(ai.add(c)));
+                    _mm512_storeu_ps(ai.add(c), a);
+                }
+            }
+        }
+        for i in 0..g {
+            let total: f32 = w[i * s..(i + 1) * s].iter().sum();
+            let inv = _mm512_set1_ps(if total > 0.0 { 1.0 / total } else { 0.0 });
+            for c in (0..d).step_by(16) {
+                let a = _mm512_loadu_ps(acc.as_ptr().add(i * d + c));
+                _mm512_storeu_ps(y.add(i * d + c), _mm512_mul_ps(a, inv));
+            }
+        }
+    }
+
+    /// `y = x / √(mean(x²) + eps) · w` over `n` lanes.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn rms_norm_row(x: *const f32, w: *const f32, y: *mut f32, n: usize, eps: f32) {
+        let mut acc = _mm512_setzero_ps();
+        let mut j = 0;
+        while j < n {
+            let v = load_tail(x.add(j), (n - j).min(16));
+            acc = _mm512_fmadd_ps(v, v, acc);
+            j += 16;
+        }
+        let inv = 1.0 / (_mm512_reduce_add_ps(acc) / n as f32 + eps).sqrt();
+        let inv = _mm512_set1_ps(inv);
+        let mut j = 0;
+        while j < n {
+            let len = (n - j).min(16);
+            let mask = ((1u32 << len) - 1) as u16;
+            let v = _mm512_mul_ps(load_tail(x.add(j), len), inv);
+            _mm512_mask_storeu_ps(y.add(j), mask, _mm512_mul_ps(v, load_tail(w.add(j), len)));
+            j += 16;
+        }
+    }
+
+    /// `y = g · u / (1 + e^(-g))` over `n` lanes.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn silu_mul_row(g: *const f32, u: *const f32, y: *mut f32, n: usize) {
+        let one = _mm512_set1_ps(1.0);
+        let mut j = 0;
+        while j < n {
+            let len = (n - j).min(16);
+            let mask = ((1u32 << len) - 1) as u16;
+            let gv = load_tail(g.add(j), len);
+            let uv = load_tail(u.add(j), len);
+            let e = exp(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+            let r = _mm512_div_ps(_mm512_mul_ps(gv, uv), _mm512_add_ps(one, e));
+            _mm512_mask_storeu_ps(y.add(j), mask, r);
+            j += 16;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(got: &Tensor, want: &Tensor, tol: f64) {
+        let err = (got - want).abs().max().double_value(&[]);
+        let scale = want.abs().max().double_value(&[]).max(1.0);
+        assert!(err <= tol * scale, "max |Δ| {err} (scale {scale})");
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn exp_is_within_two_ulp_of_the_float64_exp() {
+        if !supported() {
+            return;
+        }
+        let xs: Vec<f32> = (0..20_000)
+            .map(|i| -100.0 + i as f32 * 0.0094)
+            .chain([0.0, -0.0, 1e-30, -87.0, 88.0, f32::NEG_INFINITY])
+            .collect();
+        for c in xs.chunks(16) {
+            let mut buf = [0f32; 16];
+            buf[..c.len()].copy_from_slice(c);
+            let mut out = [0f32; 16];
+            // SAFETY: AVX-512F checked above; 16-lane buffers.
+            unsafe {
+                use std::arch::x86_64::*;
+                _mm512_storeu_ps(out.as_mut_ptr(), simd::exp(_mm512_loadu_ps(buf.as_ptr())));
+            }
+            for (x, y) in c.iter().zip(out) {
+                let want = (*x as f64).exp();
+                let ulp = (want as f32).abs() * f32::EPSILON;
+                let err = (y as f64 - want).abs();
+                assert!(
+                    err <= 2.0 * ulp as f64 || (want < 1e-38 && err < 1e-38),
+                    "exp({x}) = {y}, want {want}"
+                );
+            }
+        }
+    }
+
+    /// Against libtorch's attention on the grouped decode layout, with cache
+    /// views (strided), a mask with holes, and a row whose only key is
+    /// itself.
+    #[test]
+    fn attention_matches_libtorch() {
+        if !supported() {
+            return;
+        }
+        tch::manual_seed(2);
+        let _s = scope();
+        let (b, h, g, d, cap, s) = (4, 3, 3, 64, 40, 29);
+        let q = Tensor::randn([b, h, g, d], (Kind::Float, Device::Cpu));
+        let kc = Tensor::randn([b, h, cap, d], (Kind::Float, Device::Cpu));
+        let vc = Tensor::randn([b, h, cap, d], (Kind::Float, Device::Cpu));
+        let (k, v) = (kc.narrow(2, 0, s), vc.narrow(2, 0, s));
+        let mask = Tensor::rand([b, 1, 1, s], (Kind::Float, Device::Cpu)).gt(0.3);
+        let _ = mask.get(2).fill_(0);
+        let _ = mask.get(2).narrow(-1, s - 1, 1).fill_(1);
+        tch::no_grad(|| {
+            for m in [None, Some(&mask)] {
+                let got = attention(&q, &k, &v, m).expect("fp32 CPU");
+                let want =
+                    Tensor::scaled_dot_product_attention(&q, &k, &v, m, 0.0, false, None, false);
+                close(&got, &want, 1e-5);
+            }
+        });
+        // Not for autograd, other dtypes or shapes.
+        let qg = q.set_requires_grad(true);
+        assert!(attention(&qg, &k, &v, None).is_none());
+        let qb = q.to_kind(Kind::BFloat16);
+        assert!(attention(&qb, &k, &v, None).is_none());
+        assert!(attention(
+            &q.narrow(3, 0, 8),
+            &k.narrow(3, 0, 8),
+            &v.narrow(3, 0, 8),
+            None
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn rms_norm_and_rope_match_libtorch() {
+        if !supported() {
+            return;
+        }
+        tch::manual_seed(4);
+        let x = Tensor::randn([7, 1, 100], (Kind::Float, Device::Cpu)) * 3.0;
+        let w = Tensor::randn([100], (Kind::Float, Device::Cpu));
+        // Outside a generation's scope, every forward keeps libtorch.
+        assert!(tch::no_grad(|| rms_norm(&x, &w, 1e-5)).is_none());
+        let _s = scope();
+        let got = tch::no_grad(|| rms_norm(&x, &w, 1e-5)).expect("fp32 CPU");
+        close(&got, &x.rms_norm([100], Some(&w), 1e-5), 2e-6);
+
+        let (b, h, t, d) = (3, 5, 2, 64);
+        // A strided view `[B, H, T, D]`, as the projections give.
+        let q = Tensor::randn([b, t, h, d], (Kind::Float, Device::Cpu)).transpose(1, 2);
+        let cos = Tensor::randn([b, 1, t, d], (Kind::Float, Device::Cpu));
+        let sin = Tensor::randn([b, 1, t, d], (Kind::Float, Device::Cpu));
+        let got = tch::no_grad(|| rope(&q, &cos, &sin)).expect("fp32 CPU");
+        let want = &q * &cos + q.roll([d / 2], [3]) * &sin;
+        close(&got, &want, 1e-6);
+    }
+
+    #[test]
+    fn silu_mul_matches_libtorch_on_the_halves_of_a_fused_projection() {
+        if !supported() {
+            return;
+        }
+        let _s = scope();
+        let gu = Tensor::randn([5, 2 * 100], (Kind::Float, Device::Cpu)) * 6.0;
+        let parts = gu.split_with_sizes([100, 100], -1);
+        let got = tch::no_grad(|| silu_mul(&parts[0], &parts[1])).expect("fp32 CPU");
+        close(&got, &(parts[0].silu() * &parts[1]), 2e-6);
+        assert!(got.is_contiguous());
+    }
+}
