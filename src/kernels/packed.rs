@@ -10,7 +10,10 @@
 //! weights change after every optimizer step, so packing is scoped: inside
 //! a [`Scope`] (one generation), each weight a product meets is packed at
 //! first use and dropped when the scope ends. A weight changed in place
-//! inside a scope (its version counter moves) is packed again.
+//! inside a scope (its version counter moves) is packed again; a change
+//! through a tensor that only shares its storage (`set_data`, as fused
+//! projections alias their parts) moves no version counter, which is why
+//! no pack outlives its scope.
 //!
 //! libtorch's x86-64 builds carry MKL and export its C API; the functions
 //! are looked up at run time, so a libtorch without MKL (aarch64) only
@@ -554,6 +557,35 @@ mod tests {
         });
         let after = linear(&x, &w, None).unwrap();
         close(&after, &x.linear(&w, None::<Tensor>));
+        assert!((after - before).abs().max().double_value(&[]) > 0.1);
+    }
+
+    /// Fused projections share storage with their parts through
+    /// `set_data`, which keeps each tensor's own version counter: a part
+    /// folded in place leaves the fused weight's version where it was. So a
+    /// pack must never outlive its generation (a version check alone would
+    /// keep a stale one).
+    #[test]
+    fn a_new_scope_sees_a_change_made_through_an_aliasing_tensor() {
+        if !supported() {
+            return;
+        }
+        let fused = Tensor::randn([64, 32], (Kind::Float, Device::Cpu));
+        let part = Tensor::zeros([32, 32], (Kind::Float, Device::Cpu));
+        tch::no_grad(|| part.shallow_clone().set_data(&fused.narrow(0, 0, 32)));
+        let x = Tensor::randn([12, 32], (Kind::Float, Device::Cpu));
+        let before = {
+            let _s = scope().unwrap();
+            linear(&x, &fused, None).unwrap()
+        };
+        let v = fused.internal_version();
+        tch::no_grad(|| {
+            let _ = part.shallow_clone().g_add_scalar_(1.0);
+        });
+        assert_eq!(fused.internal_version(), v, "the premise: no version bump");
+        let _s = scope().unwrap();
+        let after = linear(&x, &fused, None).unwrap();
+        close(&after, &x.linear(&fused, None::<Tensor>));
         assert!((after - before).abs().max().double_value(&[]) > 0.1);
     }
 
