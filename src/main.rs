@@ -140,7 +140,8 @@ fn passive_openmp() {
 /// tensor is 6 MiB) came back as fresh pages, each faulted and zeroed again:
 /// about 10% of a batch-32 generation's main thread (perf). With the
 /// threshold at its 32 MiB maximum and the heap trimmed past 512 MiB, batch-
-/// 32 generation took 7% less time for 230 MiB more peak memory.
+/// 32 generation took 7% less time for about 210 MiB more peak memory (median of
+/// 5 alternated runs).
 fn keep_freed_memory() {
     // SAFETY: mallopt only sets allocator parameters; called before any
     // other thread exists.
