@@ -19,29 +19,23 @@
 //! differ from libtorch's in the last bits: generation's numbers, not the
 //! update's, which recomputes everything under autograd in libtorch.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tch::{Device, Kind, Tensor};
 
-static ENABLED: AtomicBool = AtomicBool::new(true);
-static ENV_CHECKED: OnceLock<()> = OnceLock::new();
+static SWITCH: super::Switch =
+    super::Switch::new("FALCON_CPU_DECODE_OPS", "the decode kernels stay on");
 
 /// Switch these kernels on or off for the whole process.
 /// `FALCON_CPU_DECODE_OPS=0` in the environment starts them off;
 /// benchmarks use either to compare the two paths.
 pub fn set_enabled(on: bool) {
-    ENV_CHECKED.get_or_init(|| ());
-    ENABLED.store(on, Ordering::SeqCst);
+    SWITCH.set(on)
 }
 
 fn enabled() -> bool {
-    ENV_CHECKED.get_or_init(|| {
-        if let Some(on) = super::env_switch("FALCON_CPU_DECODE_OPS", "the decode kernels stay on") {
-            ENABLED.store(on, Ordering::SeqCst);
-        }
-    });
-    ENABLED.load(Ordering::Relaxed)
+    SWITCH.get()
 }
 
 /// Does this CPU have AVX-512F?

@@ -53,25 +53,19 @@ const CHUNK_ROWS: usize = 32;
 /// waking a worker costs more than it saves.
 const PARALLEL_BYTES: usize = 256 << 10;
 
-static ENABLED: AtomicBool = AtomicBool::new(true);
-static ENV_CHECKED: OnceLock<()> = OnceLock::new();
+static SWITCH: super::Switch =
+    super::Switch::new("FALCON_CPU_GEMV", "the CPU decode kernel stays on");
 
 /// Switch the kernel on or off for the whole process (off: every product
 /// goes to libtorch). `FALCON_CPU_GEMV=0` (or `off`, `false`, `no`) in the
 /// environment starts it off; benchmarks use either to compare the two
 /// paths.
 pub fn set_enabled(on: bool) {
-    ENV_CHECKED.get_or_init(|| ());
-    ENABLED.store(on, Ordering::SeqCst);
+    SWITCH.set(on)
 }
 
 fn enabled() -> bool {
-    ENV_CHECKED.get_or_init(|| {
-        if let Some(on) = super::env_switch("FALCON_CPU_GEMV", "the CPU decode kernel stays on") {
-            ENABLED.store(on, Ordering::SeqCst);
-        }
-    });
-    ENABLED.load(Ordering::Relaxed)
+    SWITCH.get()
 }
 
 /// Does this CPU have what the kernel needs (x86-64 with AVX2 and FMA)?

@@ -60,6 +60,44 @@ pub(crate) fn env_switch(var: &str, otherwise: &str) -> Option<bool> {
     on
 }
 
+/// A kernel's process-wide on/off switch: on, unless its environment
+/// variable (read once, at first use, through [`env_switch`]) or
+/// [`Switch::set`] says off. Benchmarks use either to compare a kernel with
+/// its libtorch path.
+pub(crate) struct Switch {
+    on: std::sync::atomic::AtomicBool,
+    checked: std::sync::OnceLock<()>,
+    var: &'static str,
+    /// What happens when `var` is not understood (for the warning).
+    otherwise: &'static str,
+}
+
+impl Switch {
+    pub(crate) const fn new(var: &'static str, otherwise: &'static str) -> Self {
+        Switch {
+            on: std::sync::atomic::AtomicBool::new(true),
+            checked: std::sync::OnceLock::new(),
+            var,
+            otherwise,
+        }
+    }
+
+    /// Set it, whatever the environment says.
+    pub(crate) fn set(&self, on: bool) {
+        self.checked.get_or_init(|| ());
+        self.on.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub(crate) fn get(&self) -> bool {
+        self.checked.get_or_init(|| {
+            if let Some(on) = env_switch(self.var, self.otherwise) {
+                self.on.store(on, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        self.on.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// `Some(on)` for the usual spellings of a switch, `None` otherwise.
 fn parse_switch(v: &str) -> Option<bool> {
     match v.trim().to_ascii_lowercase().as_str() {

@@ -23,7 +23,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tch::{Device, Kind, Tensor};
@@ -40,24 +40,17 @@ pub const MAX_ROWS: usize = 64;
 /// small projections.
 const HINT_ROWS: i32 = 32;
 
-static ENABLED: AtomicBool = AtomicBool::new(true);
-static ENV_CHECKED: OnceLock<()> = OnceLock::new();
+static SWITCH: super::Switch = super::Switch::new("FALCON_CPU_PACK", "weights are packed");
 
 /// Switch packing on or off for the whole process (off: [`linear`] always
 /// declines). `FALCON_CPU_PACK=0` in the environment starts it off;
 /// benchmarks use either to compare the two paths.
 pub fn set_enabled(on: bool) {
-    ENV_CHECKED.get_or_init(|| ());
-    ENABLED.store(on, Ordering::SeqCst);
+    SWITCH.set(on)
 }
 
 fn enabled() -> bool {
-    ENV_CHECKED.get_or_init(|| {
-        if let Some(on) = super::env_switch("FALCON_CPU_PACK", "weights are packed") {
-            ENABLED.store(on, Ordering::SeqCst);
-        }
-    });
-    ENABLED.load(Ordering::Relaxed)
+    SWITCH.get()
 }
 
 // MKL's C API, LP64 interface (MKL_INT = int), as libtorch links it.
