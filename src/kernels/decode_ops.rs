@@ -142,9 +142,10 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> O
     Some(y)
 }
 
-/// Most elements [`silu_mul`] takes (one thread does them): 64 rows of
-/// SmolLM2-135M's MLP and more.
-const MAX_SILU_ELEMENTS: usize = 1 << 17;
+/// Most elements the kernels that run on the caller alone ([`silu_mul`],
+/// [`rms_norm`], [`rope`]) take: 64 rows of SmolLM2-135M's MLP and more. A
+/// prefill's larger tensors keep libtorch's parallel ops.
+const MAX_ELEMENTS: usize = 1 << 17;
 
 /// `silu(g) · u` for `g`, `u` `[.., N]` of one shape (rows may be strided,
 /// as the two halves of a fused gate/up projection are); a contiguous
@@ -159,8 +160,7 @@ pub fn silu_mul(g: &Tensor, u: &Tensor) -> Option<Tensor> {
         return None;
     }
     let rows = g2.size()[0] as usize;
-    // A prefill's products are larger and keep libtorch's parallel ops.
-    if rows * n > MAX_SILU_ELEMENTS {
+    if rows * n > MAX_ELEMENTS {
         return None;
     }
     let y = Tensor::empty(g.size(), (Kind::Float, Device::Cpu));
@@ -188,7 +188,7 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Option<Tensor> {
         return None;
     }
     let n = *x.size().last()? as usize;
-    if w.size() != [n as i64] || n == 0 || x.numel() > MAX_SILU_ELEMENTS {
+    if w.size() != [n as i64] || n == 0 || x.numel() > MAX_ELEMENTS {
         return None;
     }
     let rows = x.numel() / n;
@@ -214,7 +214,7 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Option<Tensor> {
 /// dimension: `x` `[B, H, T, D]`, `cos` and `sin_signed` `[B, 1, T, D]`
 /// (the sign of `rotate_half` folded into `sin_signed`).
 pub fn rope(x: &Tensor, cos: &Tensor, sin_signed: &Tensor) -> Option<Tensor> {
-    if !applies(&[x, cos, sin_signed]) || x.dim() != 4 || x.numel() > MAX_SILU_ELEMENTS {
+    if !applies(&[x, cos, sin_signed]) || x.dim() != 4 || x.numel() > MAX_ELEMENTS {
         return None;
     }
     let xs = x.size();
@@ -357,10 +357,16 @@ mod simd {
         _mm512_scalef_ps(y, n)
     }
 
+    /// The mask of lanes `0..len` (`len` at most 16).
+    #[inline(always)]
+    fn tail_mask(len: usize) -> u16 {
+        ((1u32 << len) - 1) as u16
+    }
+
     /// Lanes `0..len` of `p` (at most 16), the rest zero.
     #[inline(always)]
     unsafe fn load_tail(p: *const f32, len: usize) -> __m512 {
-        _mm512_maskz_loadu_ps(((1u32 << len) - 1) as u16, p)
+        _mm512_maskz_loadu_ps(tail_mask(len), p)
     }
 
     /// `scores[i·s + j] = (q_i · k_j) · scale`, `-inf` where key `j` is not
@@ -403,9 +409,12 @@ mod simd {
             let mut j = 0;
             while j < s {
                 let len = (s - j).min(16);
-                let mask = ((1u32 << len) - 1) as u16;
-                let x = _mm512_maskz_loadu_ps(mask, row.as_ptr().add(j));
-                _mm512_mask_storeu_ps(row.as_mut_ptr().add(j), mask, exp(_mm512_sub_ps(x, m)));
+                let x = load_tail(row.as_ptr().add(j), len);
+                _mm512_mask_storeu_ps(
+                    row.as_mut_ptr().add(j),
+                    tail_mask(len),
+                    exp(_mm512_sub_ps(x, m)),
+                );
                 j += 16;
             }
         }
@@ -467,9 +476,9 @@ mod simd {
         let mut j = 0;
         while j < n {
             let len = (n - j).min(16);
-            let mask = ((1u32 << len) - 1) as u16;
             let v = _mm512_mul_ps(load_tail(x.add(j), len), inv);
-            _mm512_mask_storeu_ps(y.add(j), mask, _mm512_mul_ps(v, load_tail(w.add(j), len)));
+            let r = _mm512_mul_ps(v, load_tail(w.add(j), len));
+            _mm512_mask_storeu_ps(y.add(j), tail_mask(len), r);
             j += 16;
         }
     }
@@ -481,12 +490,11 @@ mod simd {
         let mut j = 0;
         while j < n {
             let len = (n - j).min(16);
-            let mask = ((1u32 << len) - 1) as u16;
             let gv = load_tail(g.add(j), len);
             let uv = load_tail(u.add(j), len);
             let e = exp(_mm512_sub_ps(_mm512_setzero_ps(), gv));
             let r = _mm512_div_ps(_mm512_mul_ps(gv, uv), _mm512_add_ps(one, e));
-            _mm512_mask_storeu_ps(y.add(j), mask, r);
+            _mm512_mask_storeu_ps(y.add(j), tail_mask(len), r);
             j += 16;
         }
     }

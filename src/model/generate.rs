@@ -603,8 +603,9 @@ impl Policy {
             } else {
                 Vec::new()
             };
-            // Declared after the folds, so dropped before they restore the
-            // weights (a weight changed in place is packed again anyway).
+            // Declared after the folds: weights are packed as folded, and
+            // the packs are dropped before the folds restore the weights
+            // (a pack must not outlive its generation: kernels::packed).
             let _ops = (device == Device::Cpu).then(crate::kernels::decode_ops::scope);
             let _packed = (b > crate::kernels::gemv::MAX_ROWS && device == Device::Cpu)
                 .then(crate::kernels::packed::scope)
