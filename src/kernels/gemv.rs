@@ -14,6 +14,8 @@
 //! turn of the spin (`sched_yield`), and parks after [`SPIN`]; the caller
 //! and the workers take chunks of output rows from one atomic counter, so a
 //! worker that is not scheduled holds up nothing but the chunk it claimed.
+//! The same pool runs the batched decode's work ([`super::packed`],
+//! [`super::decode_ops`]) through [`run_shared`].
 //!
 //! Each output is one fp32 dot product (bf16 inputs widened exactly),
 //! rounded once to the output dtype as libtorch does; only the order of the
