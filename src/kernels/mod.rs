@@ -20,8 +20,9 @@
 //!   batch 1 to 8, on a small spinning pool instead of libtorch's OpenMP.
 //! - [`decode_ops`] (CPU): a batched decode step's attention over the KV
 //!   cache and SiLU-gated product, one pass each.
-//! - [`packed`] (CPU): at 9 to 64 rows, MKL's sgemm on weights packed once
-//!   per generation instead of at every call.
+//! - [`packed`] (CPU): at 9 to 64 rows, products on weights packed once
+//!   per generation instead of at every call: in `panel_gemm`'s panels with
+//!   its AVX-512 kernel, or for MKL's packed sgemm.
 
 pub mod decode_ops;
 pub mod device;
@@ -29,6 +30,7 @@ pub mod fused;
 pub mod gemv;
 pub mod multi_lora;
 pub mod packed;
+mod panel_gemm;
 pub mod toolchain;
 
 /// Every kernel source: `(name, CUDA C)`.

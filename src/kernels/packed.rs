@@ -1,24 +1,32 @@
-//! fp32 weights packed once for MKL's sgemm while a batched generation runs,
-//! so the products of a decode step at more than [`super::gemv::MAX_ROWS`]
-//! rows stop re-packing every weight at every call.
+//! fp32 weights packed once while a batched generation runs, so the
+//! products of a decode step at more than [`super::gemv::MAX_ROWS`] rows
+//! stop re-packing every weight at every call.
 //!
-//! Why: at 32 rows a decode step is MKL's sgemm (about 70% of an RL step's
-//! generation, perf), and a plain sgemm call copies the whole weight into
-//! its own blocked layout before it multiplies: for a decode step's few rows
-//! that copy is a large part of the call. MKL's packed API
-//! (`cblas_sgemm_pack` / `cblas_sgemm_compute`) does the copy once. The
-//! weights change after every optimizer step, so packing is scoped: inside
-//! a [`Scope`] (one generation), each weight a product meets is packed at
-//! first use and dropped when the scope ends. A weight changed in place
-//! inside a scope (its version counter moves) is packed again; a change
-//! through a tensor that only shares its storage (`set_data`, as fused
-//! projections alias their parts) moves no version counter, which is why
-//! no pack outlives its scope.
+//! Why: at 32 rows a decode step is matrix products (about 70% of an RL
+//! step's generation, perf), and a plain sgemm call copies the whole weight
+//! into its own blocked layout before it multiplies: for a decode step's
+//! few rows that copy is a large part of the call. Packing once pays it
+//! once. The weights change after every optimizer step, so packing is
+//! scoped: inside a [`Scope`] (one generation), each weight a product meets
+//! is packed at first use and dropped when the scope ends. A weight changed
+//! in place inside a scope (its version counter moves) is packed again; a
+//! change through a tensor that only shares its storage (`set_data`, as
+//! fused projections alias their parts) moves no version counter, which is
+//! why no pack outlives its scope.
 //!
-//! libtorch's x86-64 builds carry MKL and export its C API; the functions
-//! are looked up at run time, so a libtorch without MKL (aarch64) only
-//! means this path is never taken. Each output is one sgemm dot product, as
-//! in libtorch's own `linear`; only the blocking (summation order) may differ.
+//! Two layouts:
+//! - where the CPU has AVX-512F, [`super::panel_gemm`]'s panels and its own
+//!   kernel (`FALCON_CPU_PANELS=0` switches to MKL): packing SmolLM2-135M
+//!   took 170 ms on the pool's two threads against MKL's 860 ms on one,
+//!   and a decode step's products at 9 to 16 rows 5-15% less time
+//!   (`examples/packed_probe.rs`);
+//! - else MKL's packed sgemm (`cblas_sgemm_pack` / `cblas_sgemm_compute`).
+//!   libtorch's x86-64 builds carry MKL and export its C API; the functions
+//!   are looked up at run time, so a libtorch without MKL (aarch64) only
+//!   means this path is never taken.
+//!
+//! Each output is one dot product, as in libtorch's own `linear`; only the
+//! blocking (summation order) differs.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -41,6 +49,22 @@ pub const MAX_ROWS: usize = 64;
 const HINT_ROWS: i32 = 32;
 
 static SWITCH: super::Switch = super::Switch::new("FALCON_CPU_PACK", "weights are packed");
+
+static PANELS: super::Switch = super::Switch::new(
+    "FALCON_CPU_PANELS",
+    "weights are packed as panels where the CPU has AVX-512F",
+);
+
+/// Pack as [`super::panel_gemm`]'s panels (on, where the CPU has AVX-512F)
+/// or for MKL's packed sgemm (off). `FALCON_CPU_PANELS=0` in the environment
+/// starts it off; benchmarks use either to compare the two.
+pub fn set_panels(on: bool) {
+    PANELS.set(on)
+}
+
+fn panels() -> bool {
+    PANELS.get() && super::panel_gemm::supported()
+}
 
 /// Switch packing on or off for the whole process (off: [`linear`] always
 /// declines). `FALCON_CPU_PACK=0` in the environment starts it off;
@@ -115,14 +139,18 @@ fn mkl() -> Option<&'static Mkl> {
     .as_ref()
 }
 
-/// Can this process pack weights (libtorch carries MKL's packed API)?
+/// Can this process pack weights (AVX-512F, or libtorch carries MKL's
+/// packed API)?
 pub fn supported() -> bool {
-    mkl().is_some()
+    panels() || mkl().is_some()
 }
 
-/// MKL's buffer for one packed weight. MKL asks for more than it writes
-/// (2 to 20 times the weight, by shape); the pages it never touches are
-/// never made resident, so the memory cost is about one copy of the weight.
+/// The buffer of one packed weight. MKL asks for more than it writes (2 to
+/// 20 times the weight, by shape); the pages it never touches are never
+/// made resident, so the memory cost is about one copy of the weight.
+/// Huge pages (`MADV_HUGEPAGE`) made the panel products 5% faster but
+/// faulting them in tripled the time to pack a model (174 → 440-600 ms for
+/// SmolLM2-135M, `examples/packed_probe.rs`): a net loss over a generation.
 struct Buffer {
     ptr: *mut f32,
     layout: std::alloc::Layout,
@@ -131,7 +159,7 @@ struct Buffer {
 impl Buffer {
     fn new(bytes: usize) -> Option<Self> {
         let layout = std::alloc::Layout::from_size_align(bytes.max(64), 64).ok()?;
-        // SAFETY: a non-zero size; MKL fills what it uses before reading it.
+        // SAFETY: a non-zero size; the packing fills what is read.
         let ptr = unsafe { std::alloc::alloc(layout) } as *mut f32;
         (!ptr.is_null()).then_some(Self { ptr, layout })
     }
@@ -149,9 +177,20 @@ struct Packed {
     /// address (the cache key) while the scope lasts.
     weight: Tensor,
     version: i64,
-    /// Output columns `[start, start + len)`, each packed on its own.
-    parts: Vec<(usize, usize, Buffer)>,
+    layout: Layout,
 }
+
+enum Layout {
+    /// [`super::panel_gemm`]'s panels, the whole weight in one buffer.
+    Panels(Buffer),
+    /// For MKL: output columns `[start, start + len)`, each packed on its
+    /// own.
+    Mkl(Vec<(usize, usize, Buffer)>),
+}
+
+/// Panels per claim of a panel product: small enough that two threads
+/// share even a 576-column weight evenly.
+const PANELS_PER_PART: usize = 2;
 
 /// Output columns per packed part (a multiple of 64). Parts are what the
 /// threads share, so a weight has at least two where it has 256 columns.
@@ -174,7 +213,7 @@ fn column_parts(n: usize) -> Vec<(usize, usize)> {
 #[derive(Default)]
 struct Cache {
     depth: usize,
-    entries: HashMap<(usize, i64, i64), Packed>,
+    entries: HashMap<(usize, i64, i64, bool), Packed>,
     /// Weight bytes packed so far (about what the buffers hold).
     bytes: usize,
     budget: usize,
@@ -251,7 +290,8 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Option<Tensor> {
     if !enabled() || CACHE.with(|c| c.borrow().depth) == 0 {
         return None;
     }
-    let mkl = mkl()?;
+    let panels = panels();
+    let mkl = if panels { None } else { Some(mkl()?) };
     if w.kind() != Kind::Float
         || x.kind() != Kind::Float
         || w.device() != Device::Cpu
@@ -280,10 +320,10 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Option<Tensor> {
     if super::grad_enabled() && (records(x) || records(w) || b.is_some_and(records)) {
         return None;
     }
-    let (m, n, k) = (m as i32, n as i32, k as i32);
-    let key = (w.data_ptr() as usize, n as i64, k as i64);
+    let (m, n, k) = (m as usize, n as usize, k as usize);
+    let key = (w.data_ptr() as usize, n as i64, k as i64, panels);
     let version = w.internal_version();
-    let parts = CACHE.with(|c| {
+    let layout = CACHE.with(|c| {
         let mut c = c.borrow_mut();
         let fresh = |p: &Packed| p.version == version;
         if !c.entries.get(&key).is_some_and(fresh) {
@@ -294,30 +334,10 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Option<Tensor> {
             if c.bytes + bytes > c.budget {
                 return None;
             }
-            let mut parts = Vec::new();
-            for (start, len) in column_parts(n as usize) {
-                // SAFETY: plain size query.
-                let size = unsafe { (mkl.get_size)(B_MATRIX, HINT_ROWS, len as i32, k) };
-                let buf = Buffer::new(size)?;
-                // SAFETY: rows `start..start + len` of the contiguous fp32
-                // `[n, k]` weight; `buf` holds the bytes MKL asked for.
-                // B = Wᵀ, so W's rows are packed transposed.
-                unsafe {
-                    (mkl.pack)(
-                        ROW_MAJOR,
-                        B_MATRIX,
-                        TRANS,
-                        HINT_ROWS,
-                        len as i32,
-                        k,
-                        1.0,
-                        (w.data_ptr() as *const f32).add(start * k as usize),
-                        k,
-                        buf.ptr,
-                    )
-                };
-                parts.push((start, len, buf));
-            }
+            let layout = match mkl {
+                None => Layout::Panels(pack_panels(w, n, k)?),
+                Some(mkl) => Layout::Mkl(pack_mkl(mkl, w, n, k)?),
+            };
             c.bytes += bytes;
             let weight = w.shallow_clone();
             c.entries.insert(
@@ -325,40 +345,64 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Option<Tensor> {
                 Packed {
                     weight,
                     version,
-                    parts,
+                    layout,
                 },
             );
         }
-        c.entries.get(&key).map(|p| {
-            p.parts
-                .iter()
-                .map(|(start, len, buf)| (*start, *len, buf.ptr as usize))
-                .collect::<Vec<_>>()
+        c.entries.get(&key).map(|p| match &p.layout {
+            Layout::Panels(buf) => Parts::Panels(buf.ptr as usize),
+            Layout::Mkl(parts) => Parts::Mkl(
+                parts
+                    .iter()
+                    .map(|(start, len, buf)| (*start, *len, buf.ptr as usize))
+                    .collect(),
+            ),
         })
     })?;
     let x = x.contiguous();
     let mut out_shape = xs[..xs.len() - 1].to_vec();
     out_shape.push(n as i64);
     let mut y = Tensor::empty(out_shape.as_slice(), (Kind::Float, Device::Cpu));
-    // Never `b.expand(..).contiguous()`: at one row that is `b` itself
-    // (a size-1 dimension's stride does not count), and MKL would add into
-    // the bias.
-    let beta = match b {
-        Some(b) => {
-            y.copy_(&b.expand(out_shape.as_slice(), false));
-            1.0
+    // Outlives the job (the caller waits for it to finish).
+    let bias = b.map(Tensor::contiguous);
+    let work = match layout {
+        Parts::Panels(w) => {
+            // SAFETY: `x` is a contiguous fp32 tensor of `m · k` elements.
+            let xv = unsafe { std::slice::from_raw_parts(x.data_ptr() as *const f32, m * k) };
+            Product::Panels {
+                rows: super::panel_gemm::Rows::new(xv, m, k),
+                w,
+                bias: bias.as_ref().map(|b| b.data_ptr() as usize),
+                parts: n
+                    .div_ceil(super::panel_gemm::PANEL)
+                    .div_ceil(PANELS_PER_PART),
+            }
         }
-        None => 0.0,
+        Parts::Mkl(parts) => {
+            // Never `b.expand(..).contiguous()`: at one row that is `b`
+            // itself (a size-1 dimension's stride does not count), and MKL
+            // would add into the bias.
+            let beta = match b {
+                Some(b) => {
+                    y.copy_(&b.expand(out_shape.as_slice(), false));
+                    1.0
+                }
+                None => 0.0,
+            };
+            Product::Mkl {
+                mkl: mkl.expect("an MKL layout was packed with MKL"),
+                x: x.data_ptr() as usize,
+                beta,
+                parts,
+            }
+        }
     };
     let job = Arc::new(Job {
-        mkl,
-        x: x.data_ptr() as usize,
+        work,
         y: y.data_ptr() as usize,
         m,
         n,
         k,
-        beta,
-        parts,
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
     });
@@ -366,66 +410,232 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Option<Tensor> {
     Some(y)
 }
 
-/// One product over a packed weight's parts, shared by the caller and the
-/// CPU kernels' worker pool ([`super::gemv::run_shared`]), each part one
-/// single-threaded MKL call: libtorch's OpenMP threads sleep between
-/// parallel regions (falcon runs them passive, see `main.rs`), and waking
-/// them for each of a decode step's 121 products cost more than a quarter
-/// of a batch-32 generation; the pool's workers spin (yielding) between
-/// products.
-struct Job {
-    mkl: &'static Mkl,
-    /// Addresses of the input `[m, k]` and output `[m, n]`, valid until the
-    /// job is finished: the caller waits for that before it returns.
-    x: usize,
-    y: usize,
-    m: i32,
-    n: i32,
-    k: i32,
-    beta: f32,
-    /// `(first column, columns, packed buffer address)`; the buffers live in
-    /// the caller's scope, which cannot end while the caller waits.
-    parts: Vec<(usize, usize, usize)>,
+/// `w` `[n, k]` as panels, or `None` where the memory cannot be had. The
+/// pool's threads pack parts of it side by side: a generation packs every
+/// weight of the model once, on its first decode step.
+fn pack_panels(w: &Tensor, n: usize, k: usize) -> Option<Buffer> {
+    let len = super::panel_gemm::packed_len(n, k);
+    let buf = Buffer::new(len * 4)?;
+    let panels = n.div_ceil(super::panel_gemm::PANEL);
+    let job = Arc::new(PackJob {
+        w: w.data_ptr() as usize,
+        n,
+        k,
+        dst: buf.ptr as usize,
+        parts: panels.div_ceil(PANELS_PER_PACK),
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+    });
+    super::gemv::run_shared(job);
+    Some(buf)
+}
+
+/// Panels packed per claim.
+const PANELS_PER_PACK: usize = 8;
+
+/// Packing one weight as panels, in parts of [`PANELS_PER_PACK`] panels.
+struct PackJob {
+    /// Addresses of the contiguous fp32 weight `[n, k]` and of the buffer of
+    /// `packed_len(n, k)` floats; both outlive the job (its caller waits).
+    w: usize,
+    n: usize,
+    k: usize,
+    dst: usize,
+    parts: usize,
     next: AtomicUsize,
     done: AtomicUsize,
 }
 
-impl super::gemv::Work for Job {
+impl super::gemv::Work for PackJob {
     fn work(&self) {
-        // SAFETY: a thread-local MKL setting, put back below.
-        let prev = unsafe { set_local_threads(1) };
+        use super::panel_gemm::PANEL;
+        let (n, k) = (self.n, self.k);
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
-            let Some(&(start, len, buf)) = self.parts.get(i) else {
+            if i >= self.parts {
                 break;
-            };
-            // SAFETY: part `i` is this thread's alone; its columns of `y`
-            // are written by no other part; see `Job::x` for the addresses.
+            }
+            let rows = i * PANELS_PER_PACK * PANEL..((i + 1) * PANELS_PER_PACK * PANEL).min(n);
+            let start = i * PANELS_PER_PACK * PANEL * k;
+            let len = super::panel_gemm::packed_len(rows.len(), k);
+            // SAFETY: see `PackJob::w`; part `i` writes its own panels only.
             unsafe {
-                (self.mkl.compute)(
-                    ROW_MAJOR,
-                    NO_TRANS,
-                    PACKED,
-                    self.m,
-                    len as i32,
-                    self.k,
-                    self.x as *const f32,
-                    self.k,
-                    buf as *const f32,
-                    len as i32,
-                    self.beta,
-                    (self.y as *mut f32).add(start),
-                    self.n,
-                )
-            };
+                let src = std::slice::from_raw_parts(self.w as *const f32, n * k);
+                let dst = std::slice::from_raw_parts_mut((self.dst as *mut f32).add(start), len);
+                super::panel_gemm::pack(src, k, rows, dst);
+            }
             self.done.fetch_add(1, Ordering::Release);
         }
-        // SAFETY: as above.
-        unsafe { set_local_threads(prev) };
     }
 
     fn finished(&self) -> bool {
-        self.done.load(Ordering::Acquire) >= self.parts.len()
+        self.done.load(Ordering::Acquire) >= self.parts
+    }
+}
+
+/// `w` `[n, k]` packed for MKL, in column parts.
+fn pack_mkl(mkl: &Mkl, w: &Tensor, n: usize, k: usize) -> Option<Vec<(usize, usize, Buffer)>> {
+    let mut parts = Vec::new();
+    for (start, len) in column_parts(n) {
+        // SAFETY: plain size query.
+        let size = unsafe { (mkl.get_size)(B_MATRIX, HINT_ROWS, len as i32, k as i32) };
+        let buf = Buffer::new(size)?;
+        // SAFETY: rows `start..start + len` of the contiguous fp32 `[n, k]`
+        // weight; `buf` holds the bytes MKL asked for. B = Wᵀ, so W's rows
+        // are packed transposed.
+        unsafe {
+            (mkl.pack)(
+                ROW_MAJOR,
+                B_MATRIX,
+                TRANS,
+                HINT_ROWS,
+                len as i32,
+                k as i32,
+                1.0,
+                (w.data_ptr() as *const f32).add(start * k),
+                k as i32,
+                buf.ptr,
+            )
+        };
+        parts.push((start, len, buf));
+    }
+    Some(parts)
+}
+
+/// Where a packed weight's buffers are, for one product.
+enum Parts {
+    Panels(usize),
+    /// `(first column, columns, packed buffer address)`.
+    Mkl(Vec<(usize, usize, usize)>),
+}
+
+/// One product over a packed weight, in parts shared by the caller and the
+/// CPU kernels' worker pool ([`super::gemv::run_shared`]), each part
+/// single-threaded: libtorch's OpenMP threads sleep between parallel
+/// regions (falcon runs them passive, see `main.rs`), and waking them for
+/// each of a decode step's 121 products cost more than a quarter of a
+/// batch-32 generation; the pool's workers spin (yielding) between
+/// products.
+struct Job {
+    work: Product,
+    /// Address of the output `[m, n]`, valid until the job is finished: the
+    /// caller waits for that before it returns.
+    y: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    next: AtomicUsize,
+    done: AtomicUsize,
+}
+
+enum Product {
+    /// Parts of [`PANELS_PER_PART`] panels.
+    Panels {
+        rows: super::panel_gemm::Rows,
+        /// The packed buffer's address; it lives in the caller's scope,
+        /// which cannot end while the caller waits.
+        w: usize,
+        /// The bias's address (`n` floats), valid as `Job::y` is.
+        bias: Option<usize>,
+        parts: usize,
+    },
+    /// One MKL call per packed column part.
+    Mkl {
+        mkl: &'static Mkl,
+        /// Address of the input `[m, k]`, valid as `Job::y` is.
+        x: usize,
+        beta: f32,
+        /// As [`Parts::Mkl`]; the buffers live as the panels' do.
+        parts: Vec<(usize, usize, usize)>,
+    },
+}
+
+impl Job {
+    fn parts(&self) -> usize {
+        match &self.work {
+            Product::Panels { parts, .. } => *parts,
+            Product::Mkl { parts, .. } => parts.len(),
+        }
+    }
+
+    /// Part `i` (`< self.parts()`).
+    ///
+    /// # Safety
+    /// Part `i` is the calling thread's alone; see `Job::y` for the
+    /// addresses.
+    unsafe fn part(&self, i: usize) {
+        match &self.work {
+            Product::Panels {
+                rows,
+                w,
+                bias,
+                parts: _,
+            } => {
+                let panels = self.n.div_ceil(super::panel_gemm::PANEL);
+                let first = i * PANELS_PER_PART;
+                super::panel_gemm::product(
+                    rows,
+                    *w as *const f32,
+                    self.n,
+                    first..(first + PANELS_PER_PART).min(panels),
+                    bias.map(|b| b as *const f32),
+                    self.y as *mut f32,
+                );
+            }
+            Product::Mkl {
+                mkl,
+                x,
+                beta,
+                parts,
+            } => {
+                let (start, len, buf) = parts[i];
+                (mkl.compute)(
+                    ROW_MAJOR,
+                    NO_TRANS,
+                    PACKED,
+                    self.m as i32,
+                    len as i32,
+                    self.k as i32,
+                    *x as *const f32,
+                    self.k as i32,
+                    buf as *const f32,
+                    len as i32,
+                    *beta,
+                    (self.y as *mut f32).add(start),
+                    self.n as i32,
+                )
+            }
+        }
+    }
+}
+
+impl super::gemv::Work for Job {
+    fn work(&self) {
+        let mkl = matches!(self.work, Product::Mkl { .. });
+        // SAFETY: a thread-local MKL setting, put back below.
+        let prev = if mkl {
+            unsafe { set_local_threads(1) }
+        } else {
+            0
+        };
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.parts() {
+                break;
+            }
+            // SAFETY: part `i` is this thread's alone; the parts write
+            // disjoint columns of `y`.
+            unsafe { self.part(i) };
+            self.done.fetch_add(1, Ordering::Release);
+        }
+        if mkl {
+            // SAFETY: as above.
+            unsafe { set_local_threads(prev) };
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.done.load(Ordering::Acquire) >= self.parts()
     }
 }
 
@@ -461,37 +671,62 @@ mod tests {
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn libtorch_exports_the_packed_api() {
-        assert!(supported());
+        assert!(mkl().is_some());
+    }
+
+    /// Both layouts where this machine has them: the panels need AVX-512F,
+    /// MKL's layout libtorch's MKL. On x86-64 CI machines at least one of
+    /// them is always there ([`libtorch_exports_the_packed_api`]).
+    fn layouts() -> Vec<bool> {
+        let mut out = Vec::new();
+        if super::super::panel_gemm::supported() {
+            out.push(true);
+        }
+        if mkl().is_some() {
+            out.push(false);
+        }
+        out
     }
 
     #[test]
     fn packed_products_match_libtorch_for_any_row_count() {
-        if !supported() {
+        for panels in layouts() {
+            set_panels(panels);
+            tch::manual_seed(0);
+            // Three MKL column parts, the last one short; 34 panels of 32
+            // columns and a ragged one of 12.
+            let w = Tensor::randn([1100, 96], (Kind::Float, Device::Cpu));
+            let b = Tensor::randn([1100], (Kind::Float, Device::Cpu));
+            let b0 = b.copy();
+            let _s = scope().unwrap();
+            tch::no_grad(|| {
+                for m in [1, 9, 14, 15, 32, 33, 64] {
+                    let x = Tensor::randn([m, 96], (Kind::Float, Device::Cpu));
+                    close(
+                        &linear(&x, &w, None).unwrap(),
+                        &x.linear(&w, None::<Tensor>),
+                    );
+                    close(&linear(&x, &w, Some(&b)).unwrap(), &x.linear(&w, Some(&b)));
+                    let x3 = x.view([1, m, 96]);
+                    let y3 = linear(&x3, &w, Some(&b)).unwrap();
+                    assert_eq!(y3.size(), [1, m, 1100]);
+                    close(&y3, &x3.linear(&w, Some(&b)));
+                }
+            });
+            // Packed once, however many products used it; the bias untouched.
+            assert_eq!(packed_count(), 1, "panels {panels}");
+            assert!(b.equal(&b0), "the bias was written to (panels {panels})");
+        }
+    }
+
+    /// The panels must be the default wherever the CPU has AVX-512F: the
+    /// figures in `docs/model.md` are theirs.
+    #[test]
+    fn panels_are_the_default_where_the_cpu_has_avx512() {
+        if std::env::var_os("FALCON_CPU_PANELS").is_some() {
             return;
         }
-        tch::manual_seed(0);
-        // Three column parts, the last one short.
-        let w = Tensor::randn([1100, 96], (Kind::Float, Device::Cpu));
-        let b = Tensor::randn([1100], (Kind::Float, Device::Cpu));
-        let b0 = b.copy();
-        let _s = scope().unwrap();
-        tch::no_grad(|| {
-            for m in [1, 9, 32, 33, 64] {
-                let x = Tensor::randn([m, 96], (Kind::Float, Device::Cpu));
-                close(
-                    &linear(&x, &w, None).unwrap(),
-                    &x.linear(&w, None::<Tensor>),
-                );
-                close(&linear(&x, &w, Some(&b)).unwrap(), &x.linear(&w, Some(&b)));
-                let x3 = x.view([1, m, 96]);
-                let y3 = linear(&x3, &w, Some(&b)).unwrap();
-                assert_eq!(y3.size(), [1, m, 1100]);
-                close(&y3, &x3.linear(&w, Some(&b)));
-            }
-        });
-        // Packed once, however many products used it; the bias untouched.
-        assert_eq!(packed_count(), 1);
-        assert!(b.equal(&b0), "the bias was written to");
+        assert_eq!(panels(), super::super::panel_gemm::supported());
     }
 
     #[test]
