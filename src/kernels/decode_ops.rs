@@ -1,9 +1,10 @@
 //! The small operations of a batched CPU decode step that libtorch runs as
 //! several kernels each, here in one pass: attention of one new token per
-//! sequence over the KV cache, and the MLP's SiLU-gated product. fp32,
-//! AVX-512, nothing for autograd to record, inside a generation's
-//! [`Scope`]; `None` otherwise (the caller
-//! keeps libtorch's ops, which the tests compare these against).
+//! sequence over the KV cache, RMSNorm, RoPE and the MLP's SiLU-gated
+//! product. fp32 or bf16 (computed in fp32, rounded where libtorch's bf16
+//! ops round), AVX-512, nothing for autograd to record, inside a
+//! generation's [`Scope`]; `None` otherwise (the caller keeps libtorch's
+//! ops, which the tests compare these against).
 //!
 //! Why: in an RL step's batch-32 generation, attention (libtorch's
 //! `scaled_dot_product_attention`) took 18% of the forward time, 0.37 ms
@@ -77,13 +78,18 @@ impl Drop for Scope {
     }
 }
 
+/// Inside a scope, switched on, AVX-512F, every tensor on the CPU in fp32
+/// or bf16 (all the same), none that autograd records.
 fn applies(ts: &[&Tensor]) -> bool {
     DEPTH.with(|d| d.get()) > 0
         && enabled()
         && supported()
         && ts
+            .first()
+            .is_some_and(|t| matches!(t.kind(), Kind::Float | Kind::BFloat16))
+        && ts
             .iter()
-            .all(|t| t.kind() == Kind::Float && t.device() == Device::Cpu)
+            .all(|t| t.kind() == ts[0].kind() && t.device() == Device::Cpu)
         && !(super::grad_enabled() && ts.iter().any(|t| t.requires_grad()))
 }
 
@@ -91,11 +97,14 @@ fn applies(ts: &[&Tensor]) -> bool {
 /// `G` query heads that share kv head `h`), `k`, `v` `[B, H, S, D]` (any
 /// strides but a contiguous last dimension: views of a cache), `mask`
 /// `[B, 1, 1, S]` bool (true: attend) or `None`; scale `1/√D`. Returns
-/// `[B, H, G, D]`. A row with no key to attend gets zeros.
+/// `[B, H, G, D]`. A row with no key to attend gets zeros. fp32 or bf16: in
+/// bf16 every product and sum is fp32 (the inputs widened exactly) and the
+/// output is rounded once, as libtorch's bf16 attention does.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Option<Tensor> {
     if !applies(&[q, k, v]) || q.dim() != 4 || k.dim() != 4 || v.dim() != 4 {
         return None;
     }
+    let kind = q.kind();
     let (qs, ks) = (q.size(), k.size());
     let (b, h, g, d) = (qs[0], qs[1], qs[2], qs[3]);
     let s = ks[2];
@@ -115,9 +124,10 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> O
         None => None,
     };
     let q = q.contiguous();
-    let y = Tensor::empty([b, h, g, d], (Kind::Float, Device::Cpu));
+    let y = Tensor::empty([b, h, g, d], (kind, Device::Cpu));
     let (kst, vst) = (k.stride(), v.stride());
     let job = Arc::new(Attend {
+        bf16: kind == Kind::BFloat16,
         q: q.data_ptr() as usize,
         k: k.data_ptr() as usize,
         v: v.data_ptr() as usize,
@@ -150,11 +160,18 @@ const MAX_ELEMENTS: usize = 1 << 17;
 /// `silu(g) · u` for `g`, `u` `[.., N]` of one shape (rows may be strided,
 /// as the two halves of a fused gate/up projection are); a contiguous
 /// result.
+///
+/// bf16 rounds where libtorch's `g.silu() * u` does: the SiLU, then the
+/// product (each computed in fp32 from the widened inputs).
 pub fn silu_mul(g: &Tensor, u: &Tensor) -> Option<Tensor> {
     if !applies(&[g, u]) || g.size() != u.size() || g.dim() < 1 {
         return None;
     }
+    let kind = g.kind();
     let n = *g.size().last()? as usize;
+    if kind == Kind::BFloat16 && !n.is_multiple_of(16) {
+        return None;
+    }
     let (g2, u2) = (g.reshape([-1, n as i64]), u.reshape([-1, n as i64]));
     if g2.stride()[1] != 1 || u2.stride()[1] != 1 {
         return None;
@@ -163,48 +180,73 @@ pub fn silu_mul(g: &Tensor, u: &Tensor) -> Option<Tensor> {
     if rows * n > MAX_ELEMENTS {
         return None;
     }
-    let y = Tensor::empty(g.size(), (Kind::Float, Device::Cpu));
+    let y = Tensor::empty(g.size(), (kind, Device::Cpu));
     let (gs, us) = (g2.stride()[0] as usize, u2.stride()[0] as usize);
     for r in 0..rows {
-        // SAFETY: row `r` of each: `n` fp32 from its row start; AVX-512F
-        // checked in `applies`.
+        // SAFETY: row `r` of each: `n` elements from its row start (a
+        // multiple of 16 in bf16); AVX-512F checked in `applies`.
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            simd::silu_mul_row(
-                (g2.data_ptr() as *const f32).add(r * gs),
-                (u2.data_ptr() as *const f32).add(r * us),
-                (y.data_ptr() as *mut f32).add(r * n),
-                n,
-            )
+            if kind == Kind::BFloat16 {
+                simd::silu_mul_row_bf16(
+                    (g2.data_ptr() as *const u16).add(r * gs),
+                    (u2.data_ptr() as *const u16).add(r * us),
+                    (y.data_ptr() as *mut u16).add(r * n),
+                    n,
+                )
+            } else {
+                simd::silu_mul_row(
+                    (g2.data_ptr() as *const f32).add(r * gs),
+                    (u2.data_ptr() as *const f32).add(r * us),
+                    (y.data_ptr() as *mut f32).add(r * n),
+                    n,
+                )
+            }
         };
     }
     Some(y)
 }
 
 /// `x / √(mean(x²) + eps) · w` over the last dimension of `x` `[.., N]`
-/// (contiguous), `w` `[N]`; the sum of squares in fp32, as libtorch's.
+/// (contiguous), `w` `[N]`; the sum of squares in fp32, as libtorch's. bf16
+/// rounds where the decoder's bf16 composite does: the normalised `x`, then
+/// its product with `w`.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Option<Tensor> {
     if !applies(&[x, w]) || x.dim() < 1 || !x.is_contiguous() || !w.is_contiguous() {
         return None;
     }
+    let kind = x.kind();
     let n = *x.size().last()? as usize;
     if w.size() != [n as i64] || n == 0 || x.numel() > MAX_ELEMENTS {
         return None;
     }
+    if kind == Kind::BFloat16 && !n.is_multiple_of(16) {
+        return None;
+    }
     let rows = x.numel() / n;
-    let y = Tensor::empty(x.size(), (Kind::Float, Device::Cpu));
+    let y = Tensor::empty(x.size(), (kind, Device::Cpu));
     for r in 0..rows {
-        // SAFETY: row `r` of `x` and `y`, `n` fp32 each, and `w`'s `n`;
-        // AVX-512F checked in `applies`.
+        // SAFETY: row `r` of `x` and `y`, `n` elements each (a multiple of
+        // 16 in bf16), and `w`'s `n`; AVX-512F checked in `applies`.
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            simd::rms_norm_row(
-                (x.data_ptr() as *const f32).add(r * n),
-                w.data_ptr() as *const f32,
-                (y.data_ptr() as *mut f32).add(r * n),
-                n,
-                eps as f32,
-            )
+            if kind == Kind::BFloat16 {
+                simd::rms_norm_row_bf16(
+                    (x.data_ptr() as *const u16).add(r * n),
+                    w.data_ptr() as *const u16,
+                    (y.data_ptr() as *mut u16).add(r * n),
+                    n,
+                    eps as f32,
+                )
+            } else {
+                simd::rms_norm_row(
+                    (x.data_ptr() as *const f32).add(r * n),
+                    w.data_ptr() as *const f32,
+                    (y.data_ptr() as *mut f32).add(r * n),
+                    n,
+                    eps as f32,
+                )
+            }
         };
     }
     Some(y)
@@ -212,7 +254,8 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Option<Tensor> {
 
 /// Rotary embedding as `x·cos + roll(x, D/2)·sin_signed` over the last
 /// dimension: `x` `[B, H, T, D]`, `cos` and `sin_signed` `[B, 1, T, D]`
-/// (the sign of `rotate_half` folded into `sin_signed`).
+/// (the sign of `rotate_half` folded into `sin_signed`). bf16 rounds where
+/// libtorch's three ops do: each product, then the sum.
 pub fn rope(x: &Tensor, cos: &Tensor, sin_signed: &Tensor) -> Option<Tensor> {
     if !applies(&[x, cos, sin_signed]) || x.dim() != 4 || x.numel() > MAX_ELEMENTS {
         return None;
@@ -223,36 +266,86 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin_signed: &Tensor) -> Option<Tensor> {
         return None;
     }
     let (x, cos, sin) = (x.contiguous(), cos.contiguous(), sin_signed.contiguous());
-    let y = Tensor::empty([b, h, t, d], (Kind::Float, Device::Cpu));
-    let (xp, cp, sp, yp) = (
-        x.data_ptr() as *const f32,
-        cos.data_ptr() as *const f32,
-        sin.data_ptr() as *const f32,
-        y.data_ptr() as *mut f32,
-    );
-    let (h, t, d) = (h as usize, t as usize, d as usize);
-    let half = d / 2;
-    for bi in 0..b as usize {
-        for hi in 0..h {
-            for ti in 0..t {
-                let row = ((bi * h + hi) * t + ti) * d;
-                let table = (bi * t + ti) * d;
-                // SAFETY: in-bounds offsets of the contiguous tensors above.
-                unsafe {
-                    for j in 0..d {
-                        let rolled = *xp.add(row + (j + half) % d);
-                        *yp.add(row + j) =
-                            *xp.add(row + j) * *cp.add(table + j) + rolled * *sp.add(table + j);
-                    }
-                }
-            }
+    let y = Tensor::empty([b, h, t, d], (x.kind(), Device::Cpu));
+    let dims = (b as usize, h as usize, t as usize, d as usize);
+    // SAFETY: four contiguous tensors of the checked shapes and one kind.
+    unsafe {
+        if x.kind() == Kind::BFloat16 {
+            rope_rows::<u16>(&x, &cos, &sin, &y, dims)
+        } else {
+            rope_rows::<f32>(&x, &cos, &sin, &y, dims)
         }
     }
     Some(y)
 }
 
+/// [`rope`]'s loop over rows of `D` elements of type `E`.
+///
+/// # Safety
+/// `x`, `y` contiguous `[B, H, T, D]`, `cos`, `sin` contiguous `[B, 1, T, D]`,
+/// all of `E`'s dtype.
+unsafe fn rope_rows<E: RopeElem>(
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    y: &Tensor,
+    (b, h, t, d): (usize, usize, usize, usize),
+) {
+    let (xp, cp, sp, yp) = (
+        x.data_ptr() as *const E,
+        cos.data_ptr() as *const E,
+        sin.data_ptr() as *const E,
+        y.data_ptr() as *mut E,
+    );
+    let half = d / 2;
+    for bi in 0..b {
+        for hi in 0..h {
+            for ti in 0..t {
+                let row = ((bi * h + hi) * t + ti) * d;
+                let table = (bi * t + ti) * d;
+                for j in 0..d {
+                    let rolled = *xp.add(row + (j + half) % d);
+                    let a = E::mul(*xp.add(row + j), *cp.add(table + j));
+                    let r = E::mul(rolled, *sp.add(table + j));
+                    *yp.add(row + j) = E::add(a, r);
+                }
+            }
+        }
+    }
+}
+
+/// fp32, or bf16 (`u16` bits) computed in fp32 and rounded after each op.
+trait RopeElem: Copy {
+    fn mul(a: Self, b: Self) -> Self;
+    fn add(a: Self, b: Self) -> Self;
+}
+
+impl RopeElem for f32 {
+    fn mul(a: f32, b: f32) -> f32 {
+        a * b
+    }
+    fn add(a: f32, b: f32) -> f32 {
+        a + b
+    }
+}
+
+impl RopeElem for u16 {
+    fn mul(a: u16, b: u16) -> u16 {
+        super::gemv::bf16_bits(widen(a) * widen(b))
+    }
+    fn add(a: u16, b: u16) -> u16 {
+        super::gemv::bf16_bits(widen(a) + widen(b))
+    }
+}
+
+fn widen(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
 /// One attention call, shared out by `(sequence, kv head)`.
 struct Attend {
+    /// bf16 tensors (else fp32).
+    bf16: bool,
     /// Addresses of `q`, `k`, `v`, the output, and the mask with its
     /// sequence and key strides; valid until the job is finished.
     q: usize,
@@ -274,7 +367,9 @@ struct Attend {
 impl super::gemv::Work for Attend {
     fn work(&self) {
         let mut scores = vec![0f32; self.g * self.s];
-        let mut acc = vec![0f32; self.g * self.d];
+        // The running sums, then (bf16) the query widened and the output
+        // before rounding.
+        let mut acc = vec![0f32; 3 * self.g * self.d];
         loop {
             let p = self.next.fetch_add(1, Ordering::Relaxed);
             if p >= self.parts {
@@ -297,14 +392,28 @@ impl super::gemv::Work for Attend {
 
 impl Attend {
     #[cfg(target_arch = "x86_64")]
-    unsafe fn part(&self, p: usize, scores: &mut [f32], acc: &mut [f32]) {
+    unsafe fn part(&self, p: usize, scores: &mut [f32], scratch: &mut [f32]) {
+        if self.bf16 {
+            self.part_of::<u16>(p, scores, scratch)
+        } else {
+            self.part_of::<f32>(p, scores, scratch)
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn part_of<E: simd::Elem>(&self, p: usize, scores: &mut [f32], scratch: &mut [f32]) {
         let (bi, hi) = ((p / self.heads) as i64, (p % self.heads) as i64);
         let (g, d, s) = (self.g, self.d, self.s);
-        let q = (self.q as *const f32).add(p * g * d);
-        let k = (self.k as *const f32)
-            .offset((bi * self.k_strides[0] + hi * self.k_strides[1]) as isize);
-        let v = (self.v as *const f32)
-            .offset((bi * self.v_strides[0] + hi * self.v_strides[1]) as isize);
+        let (acc, rest) = scratch.split_at_mut(g * d);
+        let (qf, yf) = rest.split_at_mut(g * d);
+        let q = E::widen(
+            std::slice::from_raw_parts((self.q as *const E).add(p * g * d), g * d),
+            qf,
+        );
+        let k =
+            (self.k as *const E).offset((bi * self.k_strides[0] + hi * self.k_strides[1]) as isize);
+        let v =
+            (self.v as *const E).offset((bi * self.v_strides[0] + hi * self.v_strides[1]) as isize);
         let attends = |j: usize| match self.mask {
             Some((m, sb, sk)) => *(m as *const u8).offset((bi * sb + j as i64 * sk) as isize) != 0,
             None => true,
@@ -321,14 +430,69 @@ impl Attend {
             &attends,
             scores,
         );
-        let y = (self.y as *mut f32).add(p * g * d);
-        simd::weighted_values(v, self.v_strides[2] as usize, g, d, s, scores, acc, y);
+        simd::weighted_values(
+            v,
+            self.v_strides[2] as usize,
+            g,
+            d,
+            s,
+            scores,
+            acc,
+            yf.as_mut_ptr(),
+        );
+        E::narrow(
+            yf,
+            std::slice::from_raw_parts_mut((self.y as *mut E).add(p * g * d), g * d),
+        );
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use std::arch::x86_64::*;
+
+    /// An element type the attention reads: fp32, or bf16 (as `u16` bits)
+    /// widened exactly.
+    pub trait Elem: Copy {
+        /// Sixteen elements from `p`, as fp32.
+        unsafe fn load16(p: *const Self) -> __m512;
+        /// `src` as fp32: itself, or widened into `buf`.
+        fn widen<'a>(src: &'a [Self], buf: &'a mut [f32]) -> &'a [f32];
+        /// `src` into `dst`, rounded to nearest even where narrower.
+        fn narrow(src: &[f32], dst: &mut [Self]);
+    }
+
+    impl Elem for f32 {
+        #[inline(always)]
+        unsafe fn load16(p: *const f32) -> __m512 {
+            _mm512_loadu_ps(p)
+        }
+        fn widen<'a>(src: &'a [f32], _: &'a mut [f32]) -> &'a [f32] {
+            src
+        }
+        fn narrow(src: &[f32], dst: &mut [f32]) {
+            dst.copy_from_slice(src)
+        }
+    }
+
+    impl Elem for u16 {
+        #[inline(always)]
+        unsafe fn load16(p: *const u16) -> __m512 {
+            let h = _mm256_loadu_si256(p as *const __m256i);
+            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+        }
+        fn widen<'a>(src: &'a [u16], buf: &'a mut [f32]) -> &'a [f32] {
+            for (b, &h) in buf.iter_mut().zip(src) {
+                *b = f32::from_bits((h as u32) << 16);
+            }
+            &buf[..src.len()]
+        }
+        fn narrow(src: &[f32], dst: &mut [u16]) {
+            for (d, &f) in dst.iter_mut().zip(src) {
+                *d = super::super::gemv::bf16_bits(f);
+            }
+        }
+    }
 
     /// `e^x` for each lane: Cephes' `expf` (range reduction by ln 2 in two
     /// parts, a degree-5 polynomial), about 1 ulp; inputs below -104 give 0
@@ -374,9 +538,9 @@ mod simd {
     /// numerators).
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn scores(
-        q: *const f32,
-        k: *const f32,
+    pub unsafe fn scores<E: Elem>(
+        q: &[f32],
+        k: *const E,
         k_row: usize,
         g: usize,
         d: usize,
@@ -394,10 +558,10 @@ mod simd {
             }
             let kj = k.add(j * k_row);
             for i in 0..g {
-                let qi = q.add(i * d);
+                let qi = q.as_ptr().add(i * d);
                 let mut a = _mm512_setzero_ps();
                 for c in (0..d).step_by(16) {
-                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qi.add(c)), _mm512_loadu_ps(kj.add(c)), a);
+                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qi.add(c)), E::load16(kj.add(c)), a);
                 }
                 scores[i * s + j] = _mm512_reduce_add_ps(a) * scale;
             }
@@ -424,8 +588,8 @@ mod simd {
     /// [`scores`]; zeros where a row has none.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn weighted_values(
-        v: *const f32,
+    pub unsafe fn weighted_values<E: Elem>(
+        v: *const E,
         v_row: usize,
         g: usize,
         d: usize,
@@ -445,8 +609,7 @@ mod simd {
                 let wv = _mm512_set1_ps(wij);
                 let ai = acc.as_mut_ptr().add(i * d);
                 for c in (0..d).step_by(16) {
-                    let a =
-                        _mm512_fmadd_ps(wv, _mm512_loadu_ps(vj.add(c)), _mm512_loadu_ps(ai.add(c)));
+                    let a = _mm512_fmadd_ps(wv, E::load16(vj.add(c)), _mm512_loadu_ps(ai.add(c)));
                     _mm512_storeu_ps(ai.add(c), a);
                 }
             }
@@ -480,6 +643,57 @@ mod simd {
             let r = _mm512_mul_ps(v, load_tail(w.add(j), len));
             _mm512_mask_storeu_ps(y.add(j), tail_mask(len), r);
             j += 16;
+        }
+    }
+
+    /// `v` rounded to bf16 (nearest even), still as fp32.
+    #[inline(always)]
+    unsafe fn round_bf16(v: __m512) -> __m512 {
+        let b = _mm512_castps_si512(v);
+        let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+        let r = _mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+        _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(-65536)))
+    }
+
+    /// Store sixteen lanes already rounded by [`round_bf16`] as bf16.
+    #[inline(always)]
+    unsafe fn store_bf16(p: *mut u16, v: __m512) {
+        let h = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(_mm512_castps_si512(v)));
+        _mm256_storeu_si256(p as *mut __m256i, h);
+    }
+
+    /// [`rms_norm_row`] for bf16, `n` a multiple of 16: the normalised value
+    /// rounded, then its product with the weight.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn rms_norm_row_bf16(x: *const u16, w: *const u16, y: *mut u16, n: usize, eps: f32) {
+        let mut acc = _mm512_setzero_ps();
+        for j in (0..n).step_by(16) {
+            let v = u16::load16(x.add(j));
+            acc = _mm512_fmadd_ps(v, v, acc);
+        }
+        let inv = _mm512_set1_ps(1.0 / (_mm512_reduce_add_ps(acc) / n as f32 + eps).sqrt());
+        for j in (0..n).step_by(16) {
+            let v = round_bf16(_mm512_mul_ps(u16::load16(x.add(j)), inv));
+            store_bf16(
+                y.add(j),
+                round_bf16(_mm512_mul_ps(u16::load16(w.add(j)), v)),
+            );
+        }
+    }
+
+    /// [`silu_mul_row`] for bf16, `n` a multiple of 16: the SiLU rounded,
+    /// then the product.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn silu_mul_row_bf16(g: *const u16, u: *const u16, y: *mut u16, n: usize) {
+        let one = _mm512_set1_ps(1.0);
+        for j in (0..n).step_by(16) {
+            let gv = u16::load16(g.add(j));
+            let e = exp(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+            let silu = round_bf16(_mm512_div_ps(gv, _mm512_add_ps(one, e)));
+            store_bf16(
+                y.add(j),
+                round_bf16(_mm512_mul_ps(silu, u16::load16(u.add(j)))),
+            );
         }
     }
 
@@ -567,10 +781,40 @@ mod tests {
                 close(&got, &want, 1e-5);
             }
         });
-        // Not for autograd, other dtypes or shapes.
+        // bf16: products and sums in fp32 from the widened inputs, one
+        // rounding at the end. The reference is libtorch's fp32 attention on
+        // the same bf16 values, rounded once: equal but for summation order,
+        // so at most one bf16 step apart (2^-8 relative), and mostly equal.
+        let bf = |t: &Tensor| t.to_kind(Kind::BFloat16);
+        let (qb, kb, vb) = (bf(&q), bf(&kc).narrow(2, 0, s), bf(&vc).narrow(2, 0, s));
+        tch::no_grad(|| {
+            for m in [None, Some(&mask)] {
+                let got = attention(&qb, &kb, &vb, m).expect("bf16 CPU");
+                assert_eq!(got.kind(), Kind::BFloat16);
+                let f = |t: &Tensor| t.to_kind(Kind::Float);
+                let want = Tensor::scaled_dot_product_attention(
+                    &f(&qb),
+                    &f(&kb),
+                    &f(&vb),
+                    m,
+                    0.0,
+                    false,
+                    None,
+                    false,
+                )
+                .to_kind(Kind::BFloat16);
+                let (got, want) = (f(&got), f(&want));
+                close(&got, &want, 1.0 / 128.0);
+                let same = got.eq_tensor(&want).to_kind(Kind::Float).mean(Kind::Float);
+                assert!(
+                    same.double_value(&[]) > 0.9,
+                    "only {same} of bf16 outputs equal"
+                );
+            }
+        });
+        // Not for autograd, mixed dtypes or other shapes.
         let qg = q.set_requires_grad(true);
         assert!(attention(&qg, &k, &v, None).is_none());
-        let qb = q.to_kind(Kind::BFloat16);
         assert!(attention(&qb, &k, &v, None).is_none());
         assert!(attention(
             &q.narrow(3, 0, 8),
@@ -603,6 +847,57 @@ mod tests {
         let got = tch::no_grad(|| rope(&q, &cos, &sin)).expect("fp32 CPU");
         let want = &q * &cos + q.roll([d / 2], [3]) * &sin;
         close(&got, &want, 1e-6);
+    }
+
+    /// bf16 results against libtorch's bf16 ops: within one bf16 step
+    /// (2^-8 relative) and mostly equal (the fp32 sums before the roundings
+    /// are in another order, and `exp` is not libtorch's).
+    fn close_bf16(got: &Tensor, want: &Tensor) {
+        assert_eq!(got.kind(), Kind::BFloat16);
+        let (got, want) = (got.to_kind(Kind::Float), want.to_kind(Kind::Float));
+        let err = ((&got - &want).abs() / want.abs().clamp_min(1e-3))
+            .max()
+            .double_value(&[]);
+        assert!(err <= 1.0 / 128.0, "max relative |Δ| {err}");
+        let same = got.eq_tensor(&want).to_kind(Kind::Float).mean(Kind::Float);
+        assert!(
+            same.double_value(&[]) > 0.9,
+            "only {same} of bf16 outputs equal"
+        );
+    }
+
+    #[test]
+    fn bf16_rms_norm_rope_and_silu_mul_round_where_libtorch_does() {
+        if !supported() {
+            return;
+        }
+        tch::manual_seed(5);
+        let _s = scope();
+        let bf = |t: Tensor| t.to_kind(Kind::BFloat16);
+        let x = bf(Tensor::randn([9, 1, 96], (Kind::Float, Device::Cpu)) * 3.0);
+        let w = bf(Tensor::randn([96], (Kind::Float, Device::Cpu)));
+        let got = tch::no_grad(|| rms_norm(&x, &w, 1e-5)).expect("bf16 CPU");
+        // The decoder's bf16 composite (model::decoder::rms_norm).
+        let xf = x.to_kind(Kind::Float);
+        let var = xf.square().mean_dim(-1, true, Kind::Float);
+        let want = &w * (xf * (var + 1e-5).rsqrt()).to_kind(Kind::BFloat16);
+        close_bf16(&got, &want);
+
+        let gu = bf(Tensor::randn([5, 2 * 96], (Kind::Float, Device::Cpu)) * 6.0);
+        let parts = gu.split_with_sizes([96, 96], -1);
+        let got = tch::no_grad(|| silu_mul(&parts[0], &parts[1])).expect("bf16 CPU");
+        close_bf16(&got, &(parts[0].silu() * &parts[1]));
+        let (b, h, t, d) = (3, 5, 2, 64);
+        let q = bf(Tensor::randn([b, t, h, d], (Kind::Float, Device::Cpu))).transpose(1, 2);
+        let cos = bf(Tensor::randn([b, 1, t, d], (Kind::Float, Device::Cpu)));
+        let sin = bf(Tensor::randn([b, 1, t, d], (Kind::Float, Device::Cpu)));
+        let got = tch::no_grad(|| rope(&q, &cos, &sin)).expect("bf16 CPU");
+        // Each product and the sum rounded, as libtorch's bf16 ops: equal.
+        let want = &q * &cos + q.roll([d / 2], [3]) * &sin;
+        assert!(got.equal(&want), "bf16 rope differs from libtorch's");
+        // A width the bf16 rows do not take (not a multiple of 16).
+        let odd = bf(Tensor::randn([2, 40], (Kind::Float, Device::Cpu)));
+        assert!(tch::no_grad(|| silu_mul(&odd, &odd)).is_none());
     }
 
     #[test]

@@ -231,7 +231,7 @@ fn widen(h: u16) -> f32 {
 }
 
 /// fp32 → bf16 with round-to-nearest-even, as libtorch rounds.
-fn bf16_bits(f: f32) -> u16 {
+pub(crate) fn bf16_bits(f: f32) -> u16 {
     if f.is_nan() {
         return 0x7fc0;
     }
