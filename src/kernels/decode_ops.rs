@@ -21,7 +21,7 @@
 //! update's, which recomputes everything under autograd in libtorch.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
 
@@ -41,15 +41,7 @@ fn enabled() -> bool {
 
 /// Does this CPU have AVX-512F?
 pub fn supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| is_x86_feature_detected!("avx512f"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    super::avx512f()
 }
 
 thread_local! {
@@ -803,13 +795,7 @@ mod tests {
                     false,
                 )
                 .to_kind(Kind::BFloat16);
-                let (got, want) = (f(&got), f(&want));
-                close(&got, &want, 1.0 / 128.0);
-                let same = got.eq_tensor(&want).to_kind(Kind::Float).mean(Kind::Float);
-                assert!(
-                    same.double_value(&[]) > 0.9,
-                    "only {same} of bf16 outputs equal"
-                );
+                close_bf16(&got, &want);
             }
         });
         // Not for autograd, mixed dtypes or other shapes.

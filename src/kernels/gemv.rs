@@ -141,35 +141,8 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Option<Tensor> {
         return None;
     }
     let kind = w.kind();
-    if !matches!(kind, Kind::Float | Kind::BFloat16)
-        || w.device() != Device::Cpu
-        || x.device() != Device::Cpu
-        || x.kind() != kind
-        || w.dim() != 2
-        || !w.is_contiguous()
-        || x.dim() == 0
-    {
-        return None;
-    }
-    let (n, k) = (w.size()[0], w.size()[1]);
+    let (m, n, k) = super::cpu_linear_shape(x, w, b, &[Kind::Float, Kind::BFloat16], MAX_ROWS)?;
     let xs = x.size();
-    if xs[xs.len() - 1] != k || k == 0 || n == 0 {
-        return None;
-    }
-    let m = x.numel() / k as usize;
-    if m == 0 || m > MAX_ROWS {
-        return None;
-    }
-    if let Some(b) = b {
-        if b.kind() != kind || b.device() != Device::Cpu || b.size() != [n] {
-            return None;
-        }
-    }
-    let records = |t: &Tensor| t.requires_grad();
-    if super::grad_enabled() && (records(x) || records(w) || b.is_some_and(records)) {
-        return None;
-    }
-    let (n, k) = (n as usize, k as usize);
     let x = x.contiguous();
     let isa = isa();
     let x = if kind == Kind::BFloat16 && isa == Isa::Avx512Bf16 {

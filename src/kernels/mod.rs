@@ -109,6 +109,63 @@ fn parse_switch(v: &str) -> Option<bool> {
     }
 }
 
+/// Does this CPU have AVX-512F (what [`decode_ops`] and `panel_gemm` need)?
+pub(crate) fn avx512f() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| is_x86_feature_detected!("avx512f"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `(m, n, k)` of `x Wᵀ (+ b)` where a CPU kernel may take it: `w` `[n, k]`
+/// contiguous in one of `kinds`, `x` `[.., k]` and `b` `[n]` of the same
+/// kind, all on the CPU, `x` with 1 to `max_rows` rows, nothing autograd
+/// must record; `None` otherwise (the caller uses libtorch).
+pub(crate) fn cpu_linear_shape(
+    x: &tch::Tensor,
+    w: &tch::Tensor,
+    b: Option<&tch::Tensor>,
+    kinds: &[tch::Kind],
+    max_rows: usize,
+) -> Option<(usize, usize, usize)> {
+    use tch::Device;
+    let kind = w.kind();
+    if !kinds.contains(&kind)
+        || w.device() != Device::Cpu
+        || x.device() != Device::Cpu
+        || x.kind() != kind
+        || w.dim() != 2
+        || !w.is_contiguous()
+        || x.dim() == 0
+    {
+        return None;
+    }
+    let (n, k) = (w.size()[0], w.size()[1]);
+    let xs = x.size();
+    if xs[xs.len() - 1] != k || k == 0 || n == 0 {
+        return None;
+    }
+    let m = x.numel() / k as usize;
+    if m == 0 || m > max_rows {
+        return None;
+    }
+    if let Some(b) = b {
+        if b.kind() != kind || b.device() != Device::Cpu || b.size() != [n] {
+            return None;
+        }
+    }
+    let records = |t: &tch::Tensor| t.requires_grad();
+    if grad_enabled() && (records(x) || records(w) || b.is_some_and(records)) {
+        return None;
+    }
+    Some((m, n as usize, k as usize))
+}
+
 /// Is autograd recording (not inside `no_grad`)?
 pub(crate) fn grad_enabled() -> bool {
     // SAFETY: plain calls into libtorch's thread-local grad mode; the

@@ -292,35 +292,12 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Option<Tensor> {
     }
     let panels = panels();
     let mkl = if panels { None } else { Some(mkl()?) };
-    if w.kind() != Kind::Float
-        || x.kind() != Kind::Float
-        || w.device() != Device::Cpu
-        || x.device() != Device::Cpu
-        || w.dim() != 2
-        || !w.is_contiguous()
-        || x.dim() == 0
-    {
+    let (m, n, k) = super::cpu_linear_shape(x, w, b, &[Kind::Float], MAX_ROWS)?;
+    // MKL's sizes are 32-bit.
+    if n > i32::MAX as usize || k > i32::MAX as usize {
         return None;
     }
-    let (n, k) = (w.size()[0], w.size()[1]);
     let xs = x.size();
-    if xs[xs.len() - 1] != k || k == 0 || n == 0 || n > i32::MAX as i64 || k > i32::MAX as i64 {
-        return None;
-    }
-    let m = x.numel() as i64 / k;
-    if m == 0 || m > MAX_ROWS as i64 {
-        return None;
-    }
-    if let Some(b) = b {
-        if b.kind() != Kind::Float || b.device() != Device::Cpu || b.size() != [n] {
-            return None;
-        }
-    }
-    let records = |t: &Tensor| t.requires_grad();
-    if super::grad_enabled() && (records(x) || records(w) || b.is_some_and(records)) {
-        return None;
-    }
-    let (m, n, k) = (m as usize, n as usize, k as usize);
     let key = (w.data_ptr() as usize, n as i64, k as i64, panels);
     let version = w.internal_version();
     let layout = CACHE.with(|c| {

@@ -31,15 +31,7 @@ const PREFETCH: usize = 1024;
 
 /// Can this CPU run the kernel (AVX-512F)?
 pub(crate) fn supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| is_x86_feature_detected!("avx512f"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    super::avx512f()
 }
 
 /// Floats a packed `[n, k]` weight takes: whole panels (the last one padded
