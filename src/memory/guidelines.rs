@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::exec::{ExecReport, RewardClass, TestStatus};
+use crate::memory::render::{task_statement, View};
 use crate::model::{GenerationParams, Generator, ModelError};
 
 /// Everything that can go wrong in this module. Doc-file errors carry
@@ -664,6 +665,7 @@ impl MemCoderMemory {
         requirement: &str,
         doc_hits: &[(S, f32)],
         similar_tasks: &[&TaskEntry],
+        view: &mut View,
     ) -> Context {
         let candidates: Vec<String> = candidate_apis(doc_hits, similar_tasks)
             .into_iter()
@@ -674,16 +676,32 @@ impl MemCoderMemory {
         if !similar_tasks.is_empty() {
             text.push_str("## Similar past tasks\n\n");
             for (i, m) in similar_tasks.iter().enumerate() {
-                text.push_str(&format!("### Past task {}\n", i + 1));
-                text.push_str(&format!("Code:\n{}", fenced(&m.code, "python")));
-                text.push_str(&format!(
+                let mut block = format!("### Past task {}\n", i + 1);
+                match view.code(&m.code) {
+                    Some(code) => block.push_str(&format!("Code:\n{}", fenced(&code, "python"))),
+                    // No foreign code: the task in words, renamed where it
+                    // names the past code's functions.
+                    None => block.push_str(&format!(
+                        "Task: {}\n",
+                        view.rename_from(&m.code, &task_statement(&m.requirement))
+                    )),
+                }
+                let feedback = truncate_chars(m.feedback.trim(), CONTEXT_FEEDBACK_CAP);
+                block.push_str(&format!(
                     "Execution feedback: {}\n",
-                    truncate_chars(m.feedback.trim(), CONTEXT_FEEDBACK_CAP)
+                    view.rename_from(&m.code, &feedback)
                 ));
                 if !m.guideline.is_empty() {
-                    text.push_str(&format!("Guideline: {}\n", m.guideline));
+                    block.push_str(&format!(
+                        "Guideline: {}\n",
+                        view.rename_from(&m.code, &m.guideline)
+                    ));
                 }
-                text.push('\n');
+                block.push('\n');
+                match view.take(block) {
+                    Some(b) => text.push_str(&b),
+                    None => break,
+                }
             }
         }
         if !candidates.is_empty() {
@@ -702,10 +720,17 @@ impl MemCoderMemory {
                 }
                 let k = self.params.snippets_per_api;
                 for s in a.snippets.iter().rev().take(k) {
-                    text.push_str(&format!(
+                    // `brief`: only the lines that call the API, no foreign def.
+                    let shown = view.code(s).unwrap_or_else(|| api_call_lines(s, &a.name));
+                    if shown.is_empty() {
+                        continue;
+                    }
+                    if let Some(b) = view.take(format!(
                         "Example of successful use:\n{}",
-                        fenced(s, "python")
-                    ));
+                        fenced(&shown, "python")
+                    )) {
+                        text.push_str(&b);
+                    }
                 }
                 let top = a.top_guidelines(self.params.guidelines_per_api);
                 if !top.is_empty() {
@@ -953,6 +978,29 @@ impl MemCoderMemory {
         }
     }
 }
+
+/// The lines of `code` that call `api` (by its last name: `ndx.sum(` and
+/// `sum(` after a from-import both count), trimmed, without `def` lines,
+/// at most [`CALL_LINES`]: how a `brief` view shows a snippet.
+fn api_call_lines(code: &str, api: &str) -> String {
+    let short = api.rsplit('.').next().unwrap_or(api);
+    let is_word = |c: char| c.is_alphanumeric() || c == '_';
+    let calls = |line: &str| {
+        line.match_indices(&format!("{short}(")).any(|(i, _)| {
+            let before = line[..i].chars().next_back();
+            before.is_none_or(|c| c == '.' || !is_word(c))
+        })
+    };
+    code.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with("def ") && !l.starts_with('#') && calls(l))
+        .take(CALL_LINES)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Lines of a snippet a `brief` view shows at most.
+const CALL_LINES: usize = 3;
 
 /// Whether the run passed; an error when it gave no signal.
 fn signal(report: &ExecReport) -> Result<bool, MemcoderError> {
@@ -1576,6 +1624,48 @@ mod tests {
     }
 
     #[test]
+    fn brief_context_shows_no_foreign_function() {
+        use crate::config::Rendering;
+        let mut m = memory(MemCoderParams::default());
+        let past_code = "import ndonnx as ndx\n\ndef row_sum(x):\n    a = ndx.asarray(x)\n    return helper(a)\n\ndef helper(a):\n    return a\n";
+        m.apis.get_mut("ndonnx.asarray").unwrap().snippets = vec![past_code.into()];
+        let past = TaskEntry {
+            requirement: "import ndonnx as ndx\n\ndef row_sum(x):\n    \"\"\"Sum each row.\n\n    Examples\n    >>> row_sum([[1]])\n    \"\"\"\n".into(),
+            code: past_code.into(),
+            feedback: "FAIL: NameError: name 'row_sum' is not defined".into(),
+            apis_used: vec!["ndonnx.asarray".into()],
+            guideline: "Call row_sum on an array.".into(),
+            passed: false,
+        };
+        let hits = [("ndonnx.asarray", 0.9f32)];
+        let full = m.render_context("Scale it.", &hits, &[&past], &mut View::full());
+        assert!(full.text.contains("def row_sum(x):"), "{}", full.text);
+
+        let mut brief = View::new(Rendering::Brief, "scale", 0);
+        let ctx = m.render_context("Scale it.", &hits, &[&past], &mut brief);
+        let t = &ctx.text;
+        for foreign in ["def ", "row_sum", "helper", ">>>"] {
+            assert!(!t.contains(foreign), "{foreign:?} in\n{t}");
+        }
+        assert!(t.contains("Task: Sum each row.\n"), "{t}");
+        assert!(t.contains("name 'scale' is not defined"), "{t}");
+        assert!(t.contains("Guideline: Call scale on an array."), "{t}");
+        assert!(t.contains("```python\na = ndx.asarray(x)\n```"), "{t}");
+        assert_eq!(
+            api_call_lines(
+                "y = np.asarray(x)\nz = myasarray(x)\nfrom a import asarray\nw = asarray(y)",
+                "ndonnx.asarray"
+            ),
+            "y = np.asarray(x)\nw = asarray(y)"
+        );
+
+        // A budget keeps what fits and drops the rest.
+        let mut small = View::new(Rendering::Brief, "scale", 40);
+        let ctx = m.render_context("Scale it.", &hits, &[&past], &mut small);
+        assert!(ctx.text.contains("[cut]") && !ctx.text.contains("Example of successful use"));
+    }
+
+    #[test]
     fn retrieval_unions_in_order_and_injects_top_three() {
         let mut m = memory(MemCoderParams::default());
         let e = m.apis.get_mut("ndonnx.asarray").unwrap();
@@ -1610,7 +1700,12 @@ mod tests {
                 "numba.cuda.jit",
             ]
         );
-        let ctx = m.render_context("Compute the row product.", &hits, &[&t1, &t2]);
+        let ctx = m.render_context(
+            "Compute the row product.",
+            &hits,
+            &[&t1, &t2],
+            &mut View::full(),
+        );
         assert_eq!(
             ctx.candidate_apis,
             vec![
@@ -1789,6 +1884,7 @@ def f(a):
             "Another array.",
             &[("numpy.zeros", 0.9f32)],
             &[&m.tasks()[0]],
+            &mut View::full(),
         );
         assert_eq!(ctx.injected_guideline_ids, vec![1]);
         assert!(ctx.text.contains("- Pass the shape as a tuple.\n"));

@@ -1,5 +1,6 @@
 //! How retrieved memory is shown to the model (`[memory] render`): the code
-//! of FALCON's past entries and of MemoCoder's fixes, renamed or cut down
+//! of FALCON's past entries, of MemoCoder's fixes and of MEMCoder's past
+//! tasks and snippets, renamed or cut down
 //! so that a small model does not copy another task's function into its
 //! answer (docs/eval.md measured SmolLM2-135M doing exactly that), and a
 //! character budget over everything retrieved into one prompt.

@@ -15,11 +15,12 @@ use std::collections::VecDeque;
 
 use tch::Tensor;
 
-use crate::config::{RunConfig, StrategyKind};
+use crate::config::{Rendering, RunConfig, StrategyKind};
 use crate::memory::guidelines::{
     feedback_text, load_api_docs, ApiDoc, MemCoderMemory, MemCoderParams, TaskEntry,
     REFLECTION_PREFILL,
 };
+use crate::memory::render::View;
 use crate::memory::{embedder_from_config, Embedder, ExactIndex, VectorIndex};
 use crate::task::Task;
 
@@ -59,6 +60,9 @@ pub struct DocStrategy {
     /// [`DocStrategy::without_log`] (a long training run does not need it).
     pub log: Vec<StepLog>,
     keep_log: bool,
+    /// How past tasks and snippets are shown (`[memory] render`,
+    /// `render_chars`); the papers' rendering unless set.
+    render: (Rendering, usize),
 }
 
 /// What a [`DocStrategy`] has learned, as a trainer checkpoints it. The
@@ -123,7 +127,17 @@ impl DocStrategy {
             k_doc: cfg.memory.k_doc,
             k_task: cfg.memory.k_task,
         };
-        Self::new(mode, sizes, docs, cfg.memory.memcoder.clone(), embedder)
+        Ok(
+            Self::new(mode, sizes, docs, cfg.memory.memcoder.clone(), embedder)?
+                .with_render(cfg.memory.render, cfg.memory.render_chars),
+        )
+    }
+
+    /// Show past tasks and snippets as `render` says, in at most `chars`
+    /// characters of memory per prompt (0: no limit).
+    pub fn with_render(mut self, render: Rendering, chars: usize) -> Self {
+        self.render = (render, chars);
+        self
     }
 
     /// Stop recording [`StepLog`]s.
@@ -172,6 +186,7 @@ impl DocStrategy {
             accum: VecDeque::new(),
             log: Vec::new(),
             keep_log: true,
+            render: (Rendering::Full, 0),
         })
     }
 
@@ -220,7 +235,10 @@ impl DocStrategy {
             }
         };
         let refs: Vec<&TaskEntry> = similar.iter().collect();
-        let ctx = self.memory.render_context(&task.prompt, &doc_hits, &refs);
+        let mut view = View::new(self.render.0, &task.entry_point, self.render.1);
+        let ctx = self
+            .memory
+            .render_context(&task.prompt, &doc_hits, &refs, &mut view);
         let mut prompt = format!("{}\n\n{}", env.instruction, ctx.text);
         if let Some(h) = name_hint(task) {
             prompt.push_str(&h);
