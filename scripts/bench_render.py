@@ -13,8 +13,13 @@ Arms (`NAME bench strategy render tasks`):
   mbpp-zs, mbpp-falcon-brief  MBPP (sanitized, first 100): zero-shot, FALCON brief
   he-memo-full     HumanEval  MemoCoder with the papers' fix rendering (first 80)
   he-memo-noplan   HumanEval  MemoCoder `brief` without its planner (first 80)
+  he-sr-all, he-memo-fallback  HumanEval (164): self-repair; MemoCoder `brief`
+                   with the planner as a fallback (the default since it was measured)
+  mbpp-sr, mbpp-memo-fallback, mbpp-memo  MBPP (first 100): self-repair;
+                   MemoCoder `brief`, planner as a fallback and first (the paper's order)
   nd-docrag        NdonnxEval doc-RAG (first 50 tasks, as a stream)
   nd-memcoder      NdonnxEval MEMCoder (same tasks)
+  nd-memcoder-brief  NdonnxEval MEMCoder, past tasks and snippets `brief`
 
 FALCON prompting retrieves from the long-term memory of `--falcon-memory`
 (a run directory). By default that is the memory the committed rows used,
@@ -22,6 +27,10 @@ imported from results/bench-render/falcon-memory-c8.jsonl.gz: 236 entries
 of an 8-step FOMAML run of bench-learning's arm c config from the base
 model (results/bench-render/falcon-memory-c8.toml; `falcon train --config`
 it to make a new one).
+
+MemoCoder arms pin `[strategy] planning`: "first" for `memocoder` (the
+order the first rows ran with), "off" for `-noplan`, "fallback" for
+`-fallback`, so that a changed default never changes a kept arm.
 
 Each arm is one `falcon eval` in groups of 20 tasks: killed, it continues
 where it stopped when rerun. Finished arms are kept in results/bench-render/
@@ -66,7 +75,22 @@ ARMS = [
     ("he-memo-full", "humaneval", "memocoder", "full", 80),
     # MemoCoder without its planner (`planning = false`): is it the plans that cost?
     ("he-memo-noplan", "humaneval", "memocoder-noplan", "brief", 80),
+    # The planner only for answers that failed the guiding test, on every task,
+    # against self-repair on every task.
+    ("he-sr-all", "humaneval", "self-repair", "full", 164),
+    ("he-memo-fallback", "humaneval", "memocoder-fallback", "brief", 164),
+    ("mbpp-sr", "mbpp", "self-repair", "full", 100),
+    ("mbpp-memo-fallback", "mbpp", "memocoder-fallback", "brief", 100),
+    ("mbpp-memo", "mbpp", "memocoder", "brief", 100),
+    # MEMCoder with past tasks as words and snippets as their API calls.
+    ("nd-memcoder-brief", "ndonnx", "memcoder", "brief", 50),
 ]
+# `[strategy] planning` of each MemoCoder arm, and the kind it runs.
+PLANNING = {"memocoder": "first", "memocoder-noplan": "off", "memocoder-fallback": "fallback"}
+
+
+def kind(strategy):
+    return "memocoder" if strategy in PLANNING else strategy
 OLD = {"humaneval": "humaneval", "ndonnx": "ndonnx", "mbpp": "mbpp"}
 
 
@@ -88,10 +112,10 @@ def config(name, bench, strategy, render, tasks, args):
         "[eval]", f'path = "{path}"', f'format = "{fmt}"', f"max_tasks = {tasks}",
         "n = 1", "k = [1]", "temperature = 0.0", "top_p = 1.0", "batch_size = 8",
         "checkpoint_tasks = 20",
-        "[strategy]", f'kind = "{strategy.removesuffix("-noplan")}"', "max_attempts = 3",
+        "[strategy]", f'kind = "{kind(strategy)}"', "max_attempts = 3",
     ]
-    if strategy.endswith("-noplan"):
-        lines.append("planning = false")
+    if strategy in PLANNING:
+        lines.append(f'planning = "{PLANNING[strategy]}"')
     if strategy == "falcon":
         lines.append(f'memory_run = "{args.falcon_memory}"')
     return "\n".join(lines) + "\n"
@@ -178,8 +202,8 @@ def table(arms, args):
                 res[name] = json.load(open(p))
                 break
     print("| arm | strategy | render | tasks | pass@1 | exec@1 | seconds | McNemar vs baseline (only this / only baseline) "
-          "| McNemar vs the old row's first samples | causes | memory |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| McNemar vs self-repair | McNemar vs the old row's first samples | causes | memory |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, bench, strategy, render, _ in arms:
         r = res.get(name)
         if not r:
@@ -187,11 +211,16 @@ def table(arms, args):
         base_name = {"ndonnx": "nd-docrag", "mbpp": "mbpp-zs"}.get(bench, "he-zs")
         base = res.get(base_name)
         vs = mcnemar_vs(r, base) + f" ({base_name})" if base and base_name != name else ""
-        old_path = os.path.join(bs.KEPT, f"{OLD[bench]}-{strategy}.json")
+        # Self-repair on every task where it ran on every task, else the kept first 80.
+        sr_name = next((n for n in {"humaneval": ["he-sr-all", "he-sr"], "mbpp": ["mbpp-sr"]}.get(bench, [])
+                        if n in res), None)
+        vs_sr = (mcnemar_vs(r, res[sr_name]) + f" ({sr_name})"
+                 if kind(strategy) == "memocoder" and sr_name else "")
+        old_path = os.path.join(bs.KEPT, f"{OLD[bench]}-{kind(strategy)}.json")
         vs_old = mcnemar_vs(r, json.load(open(old_path))) if os.path.exists(old_path) else "-"
         stats = ", ".join(f"{k} {v:g}" for k, v in sorted(r.get("strategy_stats", {}).items()))
         print(f"| {name} | {strategy} | {render} | {len(r['tasks'])} | {r['pass_at']['1']:.3f} | "
-              f"{r['exec_at']['1']:.3f} | {r['seconds']:.0f} | {vs} | {vs_old} | "
+              f"{r['exec_at']['1']:.3f} | {r['seconds']:.0f} | {vs} | {vs_sr} | {vs_old} | "
               f"{causes(r, entry_points(bench))} | {stats} |")
 
 

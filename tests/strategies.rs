@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use falcon_rl::config::{EvalConfig, ExecConfig, GenerationConfig, StrategyConfig};
+use falcon_rl::config::{EvalConfig, ExecConfig, GenerationConfig, Planning, StrategyConfig};
 use falcon_rl::eval::{evaluate_in_groups, evaluate_strategy, EvalSpec, Partial};
 use falcon_rl::exec::{MemoCoderClass, Sandbox};
 use falcon_rl::memory::fixes::FixesConfig;
@@ -345,6 +345,7 @@ fn memocoder_repairs_learns_fixes_and_the_mentor_rewrites() {
     let env = env(&g, &mentor, &sb, &gen, &eval);
     let strategy_cfg = StrategyConfig {
         max_attempts: 3,
+        planning: Planning::First,
         ..StrategyConfig::default()
     };
     let fixes = FixesConfig {
@@ -455,7 +456,7 @@ fn memocoder_ablations_rounds_and_accumulation() {
     let mentor = Scripted::new(|_: &str| MENTOR_ANSWER.to_owned());
     let env_off = env(&g, &mentor, &sb, &gen, &eval);
     let off = StrategyConfig {
-        planning: false,
+        planning: Planning::Off,
         retrieval: false,
         mentor: false,
         ..StrategyConfig::default()
@@ -482,6 +483,7 @@ fn memocoder_ablations_rounds_and_accumulation() {
     let two = StrategyConfig {
         rounds: 2,
         max_attempts: 2,
+        planning: Planning::First,
         ..StrategyConfig::default()
     };
     let mut m = Repair::new(RepairConfig::memocoder(&two, &FixesConfig::default()));
@@ -500,10 +502,11 @@ fn memocoder_ablations_rounds_and_accumulation() {
     // Accumulate on `neg`, then solve `inc` alone: it retrieves neg's fix.
     let g = Scripted::new(memocoder_answer);
     let env3 = env(&g, &mentor, &sb, &gen, &eval);
-    let mut m = Repair::new(RepairConfig::memocoder(
-        &StrategyConfig::default(),
-        &FixesConfig::default(),
-    ));
+    let first = StrategyConfig {
+        planning: Planning::First,
+        ..StrategyConfig::default()
+    };
+    let mut m = Repair::new(RepairConfig::memocoder(&first, &FixesConfig::default()));
     m.accumulate(&env3, &[&tasks[1]]).unwrap();
     assert_eq!(m.knowledge().len(), 1);
     m.solve(&env3, &[&tasks[2]], 1, &mut |_, _| {}).unwrap();
@@ -513,6 +516,144 @@ fn memocoder_ablations_rounds_and_accumulation() {
         .find(|p| p.contains("This solution was written earlier") && which(p) == "inc")
         .unwrap();
     assert!(inc_repair.contains("return -x"), "{inc_repair}");
+}
+
+/// The fallback planner's code writer: the plain (zero-shot) answer is
+/// right only for `add`; the answer from plans only for `neg`; a repair
+/// for `inc` and `dec`; nothing for `never`.
+fn fallback_answer(p: &str) -> String {
+    if p.contains(PLANNER) {
+        return "Plan 1:\n1. First, read the statement.\n2. return the expression it names".into();
+    }
+    let f = which(p);
+    let planned = p.contains("Plans for solving");
+    let repair = p.contains("This solution was written earlier");
+    let right = match f {
+        "add" => !planned && !repair,
+        "neg" => planned,
+        "inc" | "dec" => repair,
+        _ => false,
+    };
+    let body = match (f, right) {
+        ("add", true) => "a + b",
+        ("add", false) => "a - b",
+        ("neg", true) => "-x",
+        ("inc", true) => "x + 1",
+        ("dec", true) => "x - 1",
+        ("never", _) => "x * 2",
+        _ => "x + one",
+    };
+    let args = if f == "add" { "a, b" } else { "x" };
+    py(&format!("def {f}({args}):\n    return {body}\n"))
+}
+
+#[test]
+fn fallback_planning_plans_only_after_a_failed_zero_shot_answer() {
+    let sb = sandbox(62560);
+    let gen = GenerationConfig::default();
+    let eval = EvalConfig {
+        batch_size: 1,
+        ..EvalConfig::default()
+    };
+    let tasks = memocoder_tasks();
+    let list: Vec<&Task> = tasks.iter().collect();
+    let mentor = Scripted::new(|_: &str| MENTOR_ANSWER.to_owned());
+    assert_eq!(StrategyConfig::default().planning, Planning::Fallback);
+
+    let g = Scripted::new(fallback_answer);
+    let env1 = env(&g, &mentor, &sb, &gen, &eval);
+    let mut m = Repair::new(RepairConfig::memocoder(
+        &StrategyConfig::default(),
+        &FixesConfig::default(),
+    ));
+    let r = evaluate_strategy(&mut m, &env1, &list, &eval, &mut |_, _| {}).unwrap();
+    let chains: Vec<Vec<String>> = r
+        .tasks
+        .iter()
+        .map(|t| t.samples[0].attempts.clone())
+        .collect();
+    assert_eq!(chains[0], ["pass"]);
+    assert_eq!(chains[1], ["NameError", "pass"]);
+    assert_eq!(chains[2], ["NameError", "NameError", "pass"]);
+    assert_eq!(chains[4], ["WrongAnswer", "WrongAnswer", "WrongAnswer"]);
+    let seen = g.seen();
+    // No plans for `add`, whose zero-shot answer passed; one plan each for the rest.
+    let planned: Vec<&str> = seen
+        .iter()
+        .filter(|p| p.contains(PLANNER))
+        .map(|p| which(p))
+        .collect();
+    assert_eq!(planned, ["neg", "inc", "dec", "never"]);
+    let stats = &r.strategy_stats;
+    assert_eq!(stats["planned"], 4.0);
+    assert_eq!(stats["repairs_tried"], 3.0);
+    // The answer written from plans that passed is a fix like a repair.
+    assert_eq!(m.knowledge().len(), 3);
+    assert!(m.knowledge().get(0).unwrap().fixed_code.contains("-x"));
+
+    // The first prompts are self-repair's zero-shot prompts, word for word.
+    let firsts: Vec<&String> = seen
+        .iter()
+        .filter(|p| {
+            !p.contains(PLANNER)
+                && !p.contains("Plans for solving")
+                && !p.contains("This solution was written earlier")
+        })
+        .collect();
+    assert_eq!(firsts.len(), 5);
+    let zs = Scripted::new(fallback_answer);
+    let never = Scripted::new(|p: &str| panic!("self-repair has no reflector: {p}"));
+    let env_sr = env(&zs, &never, &sb, &gen, &eval);
+    let mut sr = Repair::new(RepairConfig::self_repair(&StrategyConfig::default()));
+    sr.solve(&env_sr, &list, 1, &mut |_, _| {}).unwrap();
+    let sr_firsts: Vec<String> = zs
+        .seen()
+        .into_iter()
+        .filter(|p| !p.contains("This solution was written earlier"))
+        .collect();
+    assert_eq!(firsts, sr_firsts.iter().collect::<Vec<_>>());
+    // The answer from plans sees the plans and the guiding test only.
+    let neg = seen
+        .iter()
+        .find(|p| p.contains("Plans for solving") && which(p) == "neg")
+        .unwrap();
+    assert!(neg.contains("2. return the expression it names"), "{neg}");
+    assert!(neg.contains("assert neg(2) == -2") && !neg.contains("assert neg(0) == 0"));
+
+    // A second round plans at once: its samples already failed a plain answer.
+    let g = Scripted::new(fallback_answer);
+    let env2 = env(&g, &mentor, &sb, &gen, &eval);
+    let two = StrategyConfig {
+        rounds: 2,
+        max_attempts: 2,
+        ..StrategyConfig::default()
+    };
+    let mut m = Repair::new(RepairConfig::memocoder(&two, &FixesConfig::default()));
+    let sols = m.solve(&env2, &list, 1, &mut |_, _| {}).unwrap();
+    let never_prompts: Vec<String> = g
+        .seen()
+        .into_iter()
+        .filter(|p| which(p) == "never")
+        .collect();
+    let kinds: Vec<&str> = never_prompts
+        .iter()
+        .map(|p| {
+            if p.contains(PLANNER) {
+                "planner"
+            } else if p.contains("Plans for solving") {
+                "planned"
+            } else if p.contains("This solution was written earlier") {
+                "repair"
+            } else {
+                "plain"
+            }
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["plain", "planner", "planned", "planner", "planned", "repair"]
+    );
+    assert_eq!(sols[4][0].attempts.len(), 4);
 }
 
 #[test]
@@ -885,6 +1026,7 @@ fn single_program_tests_are_never_shown_the_prompt_example_guides_instead() {
     let env = env(&gen_, &mentor, &sb, &gen, &eval);
     let cfg = StrategyConfig {
         max_attempts: 2,
+        planning: Planning::First,
         ..StrategyConfig::default()
     };
     let mut m = Repair::new(RepairConfig::memocoder(&cfg, &FixesConfig::default()));

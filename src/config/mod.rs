@@ -44,7 +44,7 @@ pub use model::*;
 pub use reward::*;
 pub use rollout::{EngineKind, RolloutConfig, VllmConfig};
 pub use run::RunSection;
-pub use strategy::{StrategyConfig, StrategyKind};
+pub use strategy::{Planning, StrategyConfig, StrategyKind};
 pub use tasks::{TaskFormat, TasksConfig};
 pub use train::*;
 

@@ -49,9 +49,49 @@ impl StrategyKind {
     }
 }
 
+/// MemoCoder's planner (`[strategy] planning`): `"first"` plans before the
+/// code writer's first answer (the paper, §2.2.1); `"fallback"` lets the
+/// code writer answer the task alone first, as zero-shot does, and plans
+/// only for an answer that fails the guiding test, whose next attempt is
+/// written from the plans; `"off"` never plans (the paper's ablation).
+/// `true` and `false` read as `"first"` and `"off"`, the values of the
+/// boolean switch this replaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Planning {
+    First,
+    Fallback,
+    Off,
+}
+
+impl<'de> Deserialize<'de> for Planning {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Planning;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(r#""first", "fallback" or "off" (or true / false)"#)
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Planning, E> {
+                Ok(if v { Planning::First } else { Planning::Off })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Planning, E> {
+                match v {
+                    "first" => Ok(Planning::First),
+                    "fallback" => Ok(Planning::Fallback),
+                    "off" => Ok(Planning::Off),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// `[strategy]`: which strategy and its knobs. Defaults follow the papers
 /// where they say (MemoCoder: 3 plans, 10 retrieved fixes in
-/// `[memory.fixes]`); attempt counts are kept small for CPU runs.
+/// `[memory.fixes]`), except MemoCoder's planner, which runs as a fallback
+/// (measured, docs/eval.md); attempt counts are kept small for CPU runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StrategyConfig {
@@ -60,9 +100,10 @@ pub struct StrategyConfig {
     pub max_attempts: usize,
     /// MemoCoder: plans the planner writes.
     pub plans: usize,
-    /// MemoCoder ablations: the planner, the fixes retrieved into repair
-    /// prompts, the mentor's suggestions and rewrites.
-    pub planning: bool,
+    /// MemoCoder: when the planner runs (see [`Planning`]).
+    pub planning: Planning,
+    /// MemoCoder ablations: the fixes retrieved into repair prompts, the
+    /// mentor's suggestions and rewrites.
     pub retrieval: bool,
     pub mentor: bool,
     /// MemoCoder: retrieved fixes shown in a repair prompt (small models
@@ -98,7 +139,7 @@ impl Default for StrategyConfig {
             kind: StrategyKind::ZeroShot,
             max_attempts: 3,
             plans: 3,
-            planning: true,
+            planning: Planning::Fallback,
             retrieval: true,
             mentor: true,
             fixes_shown: 3,
@@ -135,5 +176,37 @@ impl Section for StrategyConfig {
                 "task_memory / api_memory ablate `memcoder`; Accum has neither",
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn planning(value: &str) -> Result<Planning, String> {
+        toml::from_str::<StrategyConfig>(&format!("planning = {value}"))
+            .map(|s| s.planning)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn planning_reads_names_and_the_old_booleans() {
+        assert_eq!(StrategyConfig::default().planning, Planning::Fallback);
+        assert_eq!(planning(r#""first""#), Ok(Planning::First));
+        assert_eq!(planning(r#""fallback""#), Ok(Planning::Fallback));
+        assert_eq!(planning(r#""off""#), Ok(Planning::Off));
+        assert_eq!(planning("true"), Ok(Planning::First));
+        assert_eq!(planning("false"), Ok(Planning::Off));
+        let e = planning(r#""Fallback""#).unwrap_err();
+        assert!(e.contains(r#""first", "fallback" or "off""#), "{e}");
+        assert!(planning("3").is_err());
+        // Saved configs (run directories) write the name back.
+        let s = StrategyConfig {
+            planning: Planning::Fallback,
+            ..StrategyConfig::default()
+        };
+        let text = toml::to_string(&s).unwrap();
+        assert!(text.contains(r#"planning = "fallback""#), "{text}");
+        assert_eq!(toml::from_str::<StrategyConfig>(&text).unwrap(), s);
     }
 }

@@ -12,11 +12,15 @@
 //! Where the paper is silent we chose, and say so here: self-repair's
 //! first attempt is the zero-shot prompt (no test shown); MemoCoder's code
 //! writer is shown every plan and picks one; a fix entry stores the first
-//! failing code, its error and the code that finally passed.
+//! failing code, its error and the code that finally passed. Where we
+//! depart from it: by default (`planning = "fallback"`) the planner runs
+//! only for a first answer that failed the guiding test, because plans
+//! written before any code made SmolLM2-135M's answers worse
+//! (docs/eval.md); `"first"` is the paper's order.
 
 use std::fmt::Write as _;
 
-use crate::config::{Rendering, StrategyConfig};
+use crate::config::{Planning, Rendering, StrategyConfig};
 use crate::exec::{ExecReport, RewardClass};
 use crate::memory::fixes::{FixEntry, FixKnowledge, FixesConfig, Mentor};
 use crate::memory::render::{changed_lines, View};
@@ -34,7 +38,7 @@ pub struct RepairConfig {
     pub memocoder: bool,
     pub max_attempts: usize,
     pub plans: usize,
-    pub planning: bool,
+    pub planning: Planning,
     pub retrieval: bool,
     pub mentor: bool,
     pub fixes_shown: usize,
@@ -52,7 +56,7 @@ impl RepairConfig {
             memocoder: false,
             max_attempts: s.max_attempts,
             plans: 0,
-            planning: false,
+            planning: Planning::Off,
             retrieval: false,
             mentor: false,
             fixes_shown: 0,
@@ -97,6 +101,9 @@ pub struct RepairStats {
     pub repaired: u64,
     pub fixes_added: u64,
     pub fixes_retrieved: u64,
+    /// Code-writer answers written from plans.
+    #[serde(default)]
+    pub planned: u64,
     pub plan_parse_failures: u64,
     pub mentor_rewrites: u64,
     pub mentor_rewrite_failures: u64,
@@ -127,7 +134,6 @@ struct Slot {
     /// The first failing attempt of the current round: (code, report).
     first_failure: Option<(String, ExecReport)>,
     last: Option<(String, ExecReport)>,
-    plans: String,
     solved: bool,
 }
 
@@ -260,61 +266,55 @@ impl Repair {
 
     /// Run one round (first attempt and repairs) for the slots in `which`.
     /// Every prompt is built from `guides` (each task with only its guiding
-    /// test), never from the tasks themselves.
+    /// test), never from the tasks themselves. `round` counts from 0.
     fn round(
         &mut self,
         env: &Env,
         guides: &[Task],
         slots: &mut [Slot],
         which: &[usize],
+        round: usize,
     ) -> Result<(), RolloutError> {
-        // Planner, then the code writer's first attempt.
-        let plans: Vec<String> = if self.cfg.memocoder && self.cfg.planning {
-            let prompts: Vec<String> = which
-                .iter()
-                // A task whose tests are one program (HumanEval's `check`)
-                // would show the planner the very test it is scored on.
-                .map(|&s| self.planner_prompt(&guides[slots[s].task]))
-                .collect();
-            // The answer starts as the format asks, so that a small model
-            // writes steps in words instead of code (docs/eval.md).
-            let format = Format {
-                prefill: PLAN_PREFILL,
-                max_new_tokens: PLAN_TOKENS,
-                stop: Vec::new(),
-                reflector: false,
-            };
-            env.structured(&prompts, &format)?
-                .into_iter()
-                .map(|c| {
-                    let (plans, ok) = parse_plans(&c.text, self.cfg.plans);
-                    if !ok {
-                        self.stats.plan_parse_failures += 1;
-                    }
-                    plans
-                })
-                .collect()
-        } else {
-            vec![String::new(); which.len()]
-        };
-        let prompts: Vec<String> = which
-            .iter()
-            .zip(&plans)
-            .map(|(&s, p)| self.first_prompt(env, &guides[slots[s].task], p))
-            .collect();
-        for (&s, p) in which.iter().zip(plans) {
-            slots[s].plans = p;
+        for &s in which {
             slots[s].first_failure = None;
         }
-        let comps = env.generate(&prompts)?;
-        self.record(env, guides, slots, which, comps);
-
-        for _ in 1..self.cfg.max_attempts {
-            let failing: Vec<usize> = which
+        let planning = if self.cfg.memocoder {
+            self.cfg.planning
+        } else {
+            Planning::Off
+        };
+        // A fallback planner plans from the second round on: the samples
+        // there already failed an answer written without plans.
+        let plan_first =
+            planning == Planning::First || (planning == Planning::Fallback && round > 0);
+        let mut attempts = 1;
+        if plan_first {
+            self.planned_attempt(env, guides, slots, which)?;
+        } else {
+            let prompts: Vec<String> = which
                 .iter()
-                .copied()
-                .filter(|&s| !slots[s].solved)
+                .map(|&s| {
+                    let task = &guides[slots[s].task];
+                    if planning == Planning::Fallback {
+                        task_prompt(env.instruction, task)
+                    } else {
+                        self.first_prompt(env, task, "")
+                    }
+                })
                 .collect();
+            let comps = env.generate(&prompts)?;
+            self.record(env, guides, slots, which, comps);
+            if planning == Planning::Fallback && self.cfg.max_attempts > 1 {
+                let failing = unsolved(slots, which);
+                if !failing.is_empty() {
+                    self.planned_attempt(env, guides, slots, &failing)?;
+                }
+                attempts += 1;
+            }
+        }
+
+        for _ in attempts..self.cfg.max_attempts {
+            let failing = unsolved(slots, which);
             if failing.is_empty() {
                 break;
             }
@@ -329,6 +329,51 @@ impl Repair {
             let comps = env.generate(&prompts)?;
             self.record(env, guides, slots, &failing, comps);
         }
+        Ok(())
+    }
+
+    /// The planner writes plans for the slots in `which`, then the code
+    /// writer answers from them (with the guiding test).
+    fn planned_attempt(
+        &mut self,
+        env: &Env,
+        guides: &[Task],
+        slots: &mut [Slot],
+        which: &[usize],
+    ) -> Result<(), RolloutError> {
+        let prompts: Vec<String> = which
+            .iter()
+            // A task whose tests are one program (HumanEval's `check`)
+            // would show the planner the very test it is scored on.
+            .map(|&s| self.planner_prompt(&guides[slots[s].task]))
+            .collect();
+        // The answer starts as the format asks, so that a small model
+        // writes steps in words instead of code (docs/eval.md).
+        let format = Format {
+            prefill: PLAN_PREFILL,
+            max_new_tokens: PLAN_TOKENS,
+            stop: Vec::new(),
+            reflector: false,
+        };
+        let plans: Vec<String> = env
+            .structured(&prompts, &format)?
+            .into_iter()
+            .map(|c| {
+                let (plans, ok) = parse_plans(&c.text, self.cfg.plans);
+                if !ok {
+                    self.stats.plan_parse_failures += 1;
+                }
+                plans
+            })
+            .collect();
+        let prompts: Vec<String> = which
+            .iter()
+            .zip(&plans)
+            .map(|(&s, p)| self.first_prompt(env, &guides[slots[s].task], p))
+            .collect();
+        self.stats.planned += which.len() as u64;
+        let comps = env.generate(&prompts)?;
+        self.record(env, guides, slots, which, comps);
         Ok(())
     }
 
@@ -457,7 +502,6 @@ impl Strategy for Repair {
                 attempts: Vec::new(),
                 first_failure: None,
                 last: None,
-                plans: String::new(),
                 solved: false,
             })
             .collect();
@@ -470,7 +514,7 @@ impl Strategy for Repair {
                     .filter(|&s| round == 0 || !slots[s].solved)
                     .collect();
                 if !which.is_empty() {
-                    self.round(env, &guides, &mut slots, &which)?;
+                    self.round(env, &guides, &mut slots, &which, round)?;
                     self.mentor_rewrites(env)?;
                 }
                 done += ((first + chunk_tasks).min(tasks.len()) - first) * n;
@@ -505,6 +549,7 @@ impl Strategy for Repair {
                 ("fixes_added", s.fixes_added),
                 ("fixes_known", self.knowledge.len() as u64),
                 ("fixes_retrieved", s.fixes_retrieved),
+                ("planned", s.planned),
                 ("plan_parse_failures", s.plan_parse_failures),
                 ("mentor_rewrites", s.mentor_rewrites),
                 ("mentor_rewrite_failures", s.mentor_rewrite_failures),
@@ -526,6 +571,15 @@ impl Strategy for Repair {
             .map_err(|e| RolloutError::Invalid(format!("repair state: {e}")))?;
         self.restore(state)
     }
+}
+
+/// The slots of `which` whose code still fails the guiding test.
+fn unsolved(slots: &[Slot], which: &[usize]) -> Vec<usize> {
+    which
+        .iter()
+        .copied()
+        .filter(|&s| !slots[s].solved)
+        .collect()
 }
 
 /// How the planner's answer starts: the first plan's header and step.
