@@ -87,11 +87,12 @@ ARMS = [
 ]
 # `[strategy] planning` of each MemoCoder arm, and the kind it runs.
 PLANNING = {"memocoder": "first", "memocoder-noplan": "off", "memocoder-fallback": "fallback"}
+OLD = {"humaneval": "humaneval", "ndonnx": "ndonnx", "mbpp": "mbpp"}
 
 
 def kind(strategy):
+    """The `[strategy] kind` an arm's strategy runs."""
     return "memocoder" if strategy in PLANNING else strategy
-OLD = {"humaneval": "humaneval", "ndonnx": "ndonnx", "mbpp": "mbpp"}
 
 
 def config(name, bench, strategy, render, tasks, args):

@@ -62,7 +62,8 @@ pub struct DocStrategy {
     keep_log: bool,
     /// How past tasks and snippets are shown (`[memory] render`,
     /// `render_chars`); the papers' rendering unless set.
-    render: (Rendering, usize),
+    render: Rendering,
+    render_chars: usize,
 }
 
 /// What a [`DocStrategy`] has learned, as a trainer checkpoints it. The
@@ -136,7 +137,8 @@ impl DocStrategy {
     /// Show past tasks and snippets as `render` says, in at most `chars`
     /// characters of memory per prompt (0: no limit).
     pub fn with_render(mut self, render: Rendering, chars: usize) -> Self {
-        self.render = (render, chars);
+        self.render = render;
+        self.render_chars = chars;
         self
     }
 
@@ -186,7 +188,8 @@ impl DocStrategy {
             accum: VecDeque::new(),
             log: Vec::new(),
             keep_log: true,
-            render: (Rendering::Full, 0),
+            render: Rendering::Full,
+            render_chars: 0,
         })
     }
 
@@ -235,7 +238,7 @@ impl DocStrategy {
             }
         };
         let refs: Vec<&TaskEntry> = similar.iter().collect();
-        let mut view = View::new(self.render.0, &task.entry_point, self.render.1);
+        let mut view = View::new(self.render, &task.entry_point, self.render_chars);
         let ctx = self
             .memory
             .render_context(&task.prompt, &doc_hits, &refs, &mut view);
