@@ -7,6 +7,7 @@ mod bundled_tasks;
 mod cli;
 mod common;
 mod config_check;
+mod crash;
 mod dist;
 mod docs;
 mod exec_adversarial;

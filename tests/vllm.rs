@@ -492,6 +492,9 @@ fn a_sigkilled_run_leaves_no_server_and_resumes_on_a_new_one() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(lines.len(), 4, "{lines:?}");
+    // Killed after a checkpoint, with or without the next step's logs:
+    // every step once all the same.
+    crate::crash::assert_each_step_once(&falcon_rl::run_dir::RunDir::new(&run), 4);
     for l in &lines {
         assert!(l["seconds"]["sync"].as_f64().is_some(), "{l}");
         let m = &l["mismatch"];

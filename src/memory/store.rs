@@ -261,6 +261,8 @@ impl MemoryStore {
             .map(EncodedRow::new)
             .collect::<Result<Vec<_>, _>>()
             .map_err(fail(path, "insert long-term memory"))?;
+        crate::fsutil::failpoint::check("memory insert", path)
+            .map_err(fail(path, "insert long-term memory"))?;
         let mut write = || -> rusqlite::Result<Vec<i64>> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let mut ids = Vec::with_capacity(rows.len());
@@ -442,6 +444,7 @@ impl MemoryStore {
             .map(|(k, v)| Ok((k.as_ref().to_owned(), serde_json::to_string(v)?)))
             .collect::<Result<Vec<_>, serde_json::Error>>()
             .map_err(fail(path, action))?;
+        crate::fsutil::failpoint::check("memory records", path).map_err(fail(path, action))?;
         let mut write = || -> rusqlite::Result<()> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             {

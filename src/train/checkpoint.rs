@@ -19,7 +19,6 @@ use crate::fsutil::{self, WriteError};
 
 pub use crate::run_dir::checkpoint::MANIFEST;
 pub use crate::run_dir::step_dir;
-const PREFIX: &str = "step-";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -174,17 +173,45 @@ pub fn verify(dir: &Path) -> Result<u64, CheckpointError> {
     Ok(m.step)
 }
 
-/// Remove what interrupted writes left behind (`.step-N.tmp-*`,
-/// `.step-N.old-*`). Only for the process that owns the run: a live writer's
-/// temp directory looks the same.
+/// Clear what interrupted writes left behind: temp files and directories of
+/// atomic writes (`.NAME.tmp-PID`) in the run directory and its `eval/` and
+/// `tb/`, and checkpoints moved aside for a replacement (`.step-N.old-PID`),
+/// which go back into place when the replacement never arrived. Only for
+/// the process that holds the run's lock: a live writer's temp files look
+/// the same. Returns what was removed or put back.
 pub fn remove_leftovers(run_dir: &Path) -> Vec<PathBuf> {
     let mut gone = Vec::new();
-    for e in std::fs::read_dir(run_dir).into_iter().flatten().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let leftover = name.starts_with(&format!(".{PREFIX}"))
-            && (name.contains(".tmp-") || name.contains(".old-"));
-        if leftover && std::fs::remove_dir_all(e.path()).is_ok() {
-            gone.push(e.path());
+    let dirs = [
+        run_dir.to_path_buf(),
+        run_dir.join(crate::run_dir::EVAL),
+        run_dir.join(crate::run_dir::TENSORBOARD),
+    ];
+    for dir in dirs {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(inner) = name.strip_prefix('.') else {
+                continue;
+            };
+            let path = e.path();
+            if let Some((target, _)) = inner.rsplit_once(".old-") {
+                let back = dir.join(target);
+                if crate::run_dir::parse_step_dir(target).is_some() && !back.exists() {
+                    if std::fs::rename(&path, &back).is_ok() {
+                        gone.push(path);
+                    }
+                    continue;
+                }
+            } else if !inner.contains(".tmp-") {
+                continue;
+            }
+            let removed = if path.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            if removed.is_ok() {
+                gone.push(path);
+            }
         }
     }
     gone
@@ -327,6 +354,19 @@ mod tests {
             remove_leftovers(dir.path()),
             vec![dir.path().join(".step-3.tmp-999")]
         );
+        // A killed atomic write's temp files go; a checkpoint moved aside for
+        // a replacement that never arrived comes back.
+        let eval = dir.path().join(crate::run_dir::EVAL);
+        std::fs::create_dir_all(&eval).unwrap();
+        std::fs::write(eval.join(".step-2.json.tmp-77"), "{").unwrap();
+        std::fs::write(dir.path().join(".metrics.jsonl.tmp-77"), "").unwrap();
+        std::fs::rename(step_dir(dir.path(), 2), dir.path().join(".step-2.old-77")).unwrap();
+        let mut gone = remove_leftovers(dir.path());
+        gone.sort();
+        assert_eq!(gone.len(), 3, "{gone:?}");
+        assert_eq!(list(dir.path()).unwrap(), vec![1, 2], "step-2 is back");
+        assert!(std::fs::read_dir(&eval).unwrap().next().is_none());
+        assert!(!dir.path().join(".metrics.jsonl.tmp-77").exists());
         // A missing manifest is damage too.
         std::fs::remove_file(step_dir(dir.path(), 1).join(MANIFEST)).unwrap();
         assert!(latest_valid(dir.path(), |_| {}).unwrap().is_none());

@@ -1,6 +1,6 @@
 //! Where a run's numbers go: TensorBoard event files (`EventWriter`, read back
-//! by `read_events`) and the durable `metrics.jsonl` (`JsonlWriter`,
-//! `truncate_after_step`).
+//! by `read_events`, cut back on resume by `keep_events`) and the durable
+//! `metrics.jsonl` (`JsonlWriter`, `keep_before_step`).
 //!
 //! Event files follow TensorFlow's TFRecord framing (`tensorflow/core/lib/io/
 //! record_writer.cc`): `u64` little-endian length, masked CRC32C of those 8
@@ -17,6 +17,7 @@ use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::fsutil::failpoint::{self, Fault};
 use crate::fsutil::{io_err, IoError};
 
 /// Errors from writing or reading metrics files. Each names the file.
@@ -344,6 +345,7 @@ impl EventWriter {
 
     /// Push buffered records to the OS (no fsync: see the module header).
     pub fn flush(&mut self) -> Result<()> {
+        failpoint::check("flush events", &self.path).map_err(io_err(&self.path, "flush"))?;
         Ok(self.out.flush().map_err(io_err(&self.path, "flush"))?)
     }
 
@@ -435,32 +437,55 @@ pub struct EventFile {
 /// memory (event files hold a few hundred bytes per step).
 pub fn read_events(path: &Path) -> Result<EventFile> {
     let bytes = std::fs::read(path).map_err(io_err(path, "read"))?;
-    let corrupt = |offset: usize, detail: String| MetricsError::CorruptEvent {
-        path: path.to_path_buf(),
-        offset: offset as u64,
-        detail,
+    let scan = scan_records(&bytes);
+    if let Some((offset, detail)) = scan.corrupt {
+        return Err(MetricsError::CorruptEvent {
+            path: path.to_path_buf(),
+            offset: offset as u64,
+            detail,
+        });
+    }
+    Ok(EventFile {
+        events: scan.records.into_iter().map(|(_, e)| e).collect(),
+        truncated_at: scan.truncated_at.map(|o| o as u64),
+    })
+}
+
+/// What [`scan_records`] found: every good record (its byte range and
+/// event), up to a torn tail or the first corrupt record.
+struct Scan {
+    records: Vec<(std::ops::Range<usize>, Event)>,
+    truncated_at: Option<usize>,
+    corrupt: Option<(usize, String)>,
+}
+
+fn scan_records(bytes: &[u8]) -> Scan {
+    let mut scan = Scan {
+        records: Vec::new(),
+        truncated_at: None,
+        corrupt: None,
     };
-    let mut out = EventFile::default();
     let mut pos = 0usize;
     while pos < bytes.len() {
         let rest = &bytes[pos..];
         if rest.len() < 12 {
-            out.truncated_at = Some(pos as u64);
+            scan.truncated_at = Some(pos);
             break;
         }
         let len_bytes = &rest[..8];
         let stored = u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes"));
         let computed = masked_crc32c(len_bytes);
         if stored != computed {
-            return Err(corrupt(
+            scan.corrupt = Some((
                 pos,
                 format!("length CRC mismatch (stored {stored:#010x}, computed {computed:#010x})"),
             ));
+            break;
         }
         // The length is CRC-checked, so one that overruns the file means a torn tail.
         let len = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes"));
         if rest.len() < 16 || len > (rest.len() - 16) as u64 {
-            out.truncated_at = Some(pos as u64);
+            scan.truncated_at = Some(pos);
             break;
         }
         let len = len as usize;
@@ -468,17 +493,67 @@ pub fn read_events(path: &Path) -> Result<EventFile> {
         let stored = u32::from_le_bytes(rest[12 + len..16 + len].try_into().expect("4 bytes"));
         let computed = masked_crc32c(data);
         if stored != computed {
-            return Err(corrupt(
+            scan.corrupt = Some((
                 pos,
                 format!("data CRC mismatch (stored {stored:#010x}, computed {computed:#010x})"),
             ));
+            break;
         }
-        let event = decode_event(data)
-            .map_err(|e| corrupt(pos, format!("malformed Event protobuf: {e}")))?;
-        out.events.push(event);
+        match decode_event(data) {
+            Ok(event) => scan.records.push((pos..pos + 16 + len, event)),
+            Err(e) => {
+                scan.corrupt = Some((pos, format!("malformed Event protobuf: {e}")));
+                break;
+            }
+        }
         pos += 16 + len;
     }
-    Ok(out)
+    scan
+}
+
+/// Rewrite every event file in `dir` (`events.out.tfevents.*`) keeping the
+/// records `keep` accepts, for a run resumed from an earlier step: each
+/// (tag, step) then appears once across the old files and the new
+/// session's. A file's `file_version` record always stays. A torn tail
+/// goes; so does everything from a corrupt record on (the file is a view;
+/// `metrics.jsonl` is the record of truth). Returns how many records went.
+pub fn keep_events(dir: &Path, keep: impl Fn(&Event) -> bool) -> Result<usize> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io_err(dir, "list")(e).into()),
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("events.out.tfevents."))
+        })
+        .collect();
+    paths.sort();
+    let mut removed = 0;
+    for path in paths {
+        let bytes = std::fs::read(&path).map_err(io_err(&path, "read"))?;
+        let scan = scan_records(&bytes);
+        let kept: Vec<&std::ops::Range<usize>> = scan
+            .records
+            .iter()
+            .filter(|(_, e)| e.file_version.is_some() || keep(e))
+            .map(|(r, _)| r)
+            .collect();
+        let whole = scan.truncated_at.is_none() && scan.corrupt.is_none();
+        if whole && kept.len() == scan.records.len() {
+            continue;
+        }
+        removed += scan.records.len() - kept.len() + usize::from(!whole);
+        crate::fsutil::write_atomic_with(&path, |w, tmp| {
+            kept.iter()
+                .try_for_each(|r| w.write_all(&bytes[(*r).clone()]))
+                .map_err(io_err(tmp, "write"))
+        })?;
+    }
+    Ok(removed)
 }
 
 // ---------------------------------------------------------------------------
@@ -550,28 +625,49 @@ impl JsonlWriter {
     /// Append `record`, which must serialize to a JSON object, as one line and
     /// fsync it.
     pub fn write<T: serde::Serialize + ?Sized>(&mut self, record: &T) -> Result<()> {
+        self.write_all(std::iter::once(record))
+    }
+
+    /// Append `records` (each a JSON object) as one write of their lines and
+    /// one fsync: a step's samples land together or not at all.
+    pub fn write_all<'r, T: serde::Serialize + ?Sized + 'r>(
+        &mut self,
+        records: impl IntoIterator<Item = &'r T>,
+    ) -> Result<()> {
         let bad = |detail: String| MetricsError::BadRecord {
             path: self.path.clone(),
             detail,
         };
-        let value = serde_json::to_value(record).map_err(|e| bad(e.to_string()))?;
-        if !value.is_object() {
-            return Err(bad(format!("expected a JSON object, got {value}")));
+        let mut lines = Vec::new();
+        for record in records {
+            let value = serde_json::to_value(record).map_err(|e| bad(e.to_string()))?;
+            if !value.is_object() {
+                return Err(bad(format!("expected a JSON object, got {value}")));
+            }
+            // Compact JSON escapes newlines inside strings, so this is one line.
+            serde_json::to_writer(&mut lines, &value).map_err(|e| bad(e.to_string()))?;
+            lines.push(b'\n');
         }
-        // Compact JSON escapes newlines inside strings, so this is one line.
-        let mut line = serde_json::to_vec(&value).map_err(|e| bad(e.to_string()))?;
-        line.push(b'\n');
-        let written = self
-            .file
-            .write_all(&line)
-            .and_then(|()| self.file.flush())
-            .and_then(|()| self.file.sync_data());
+        if lines.is_empty() {
+            return Ok(());
+        }
+        let fault = failpoint::hit("append", &self.path);
+        let written = if fault == Fault::None {
+            self.file
+                .write_all(&lines)
+                .and_then(|()| self.file.flush())
+                .and_then(|()| self.file.sync_data())
+        } else {
+            // A torn append, as a crash or a full disk mid-write leaves one.
+            let _ = self.file.write_all(&lines[..lines.len() / 2]);
+            failpoint::act(fault)
+        };
         if let Err(e) = written {
             // Cut a partial line off now so the next write does not glue onto it.
             let _ = self.file.set_len(self.len);
             return Err(io_err(&self.path, "append")(e).into());
         }
-        self.len += line.len() as u64;
+        self.len += lines.len() as u64;
         Ok(())
     }
 }
@@ -595,7 +691,9 @@ fn complete_prefix_len(file: &mut File, len: u64) -> io::Result<u64> {
 }
 
 /// Rewrite the JSONL file at `path` keeping only the lines whose integer
-/// `"step"` is at most `step`, for a run resumed from an earlier checkpoint.
+/// `"step"` is below `step`, for a run resumed from checkpoint `step-N`:
+/// that checkpoint holds the state after steps `0..N`, whose lines carry
+/// `"step": 0` to `N - 1`; step N and later are redone and logged again.
 /// Returns how many lines were removed.
 ///
 /// Lines with no `"step"` field are kept (they are not tied to a step); a torn
@@ -604,7 +702,7 @@ fn complete_prefix_len(file: &mut File, len: u64) -> io::Result<u64> {
 /// rewrite is atomic (temp file, fsync, rename, fsync of the directory), so run
 /// it before opening a [`JsonlWriter`] on the same path. A missing file has
 /// nothing to remove.
-pub fn truncate_after_step(path: &Path, step: i64) -> Result<usize> {
+pub fn keep_before_step(path: &Path, step: i64) -> Result<usize> {
     let text = match std::fs::read(path) {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
@@ -634,7 +732,7 @@ pub fn truncate_after_step(path: &Path, step: i64) -> Result<usize> {
                 let s = s
                     .as_i64()
                     .ok_or_else(|| bad(i + 1, format!("\"step\" is not an integer: {s}")))?;
-                s <= step
+                s < step
             }
         };
         if keep {
@@ -847,6 +945,60 @@ mod tests {
     }
 
     #[test]
+    fn a_resume_keeps_only_the_points_before_its_step() {
+        let dir = TempDir::new("keepevents");
+        // A session that logged steps 0..=3, an evaluation at 2, and died
+        // inside its last record.
+        let path = write_sample(&dir.0, 4);
+        let mut w = EventWriter::create(&dir.0.join("other")).unwrap();
+        w.scalars(2, &[("eval/pass@1", 0.5)]).unwrap();
+        w.flush().unwrap();
+        drop(w);
+        let eval = std::fs::read(
+            dir.0
+                .join("other")
+                .read_dir()
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap()
+                .path(),
+        )
+        .unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.extend_from_slice(&eval[record_starts(&eval)[1]..]);
+        bytes.extend_from_slice(&eval[record_starts(&eval)[1]..][..9]);
+        std::fs::write(&path, &bytes).unwrap();
+        std::fs::remove_dir_all(dir.0.join("other")).unwrap();
+        let keep = |e: &Event| {
+            let is_eval = e.scalars.iter().all(|(t, _)| t.starts_with("eval/"));
+            if is_eval {
+                e.step <= 2
+            } else {
+                e.step < 2
+            }
+        };
+        // Steps 2 and 3 go, and the torn tail; the version record and the
+        // evaluation stay.
+        assert_eq!(keep_events(&dir.0, keep).unwrap(), 3);
+        let file = read_events(&path).unwrap();
+        assert_eq!(file.truncated_at, None);
+        assert_eq!(file.events[0].file_version.as_deref(), Some(FILE_VERSION));
+        let kept: Vec<(i64, &str)> = file.events[1..]
+            .iter()
+            .map(|e| (e.step, e.scalars[0].0.as_str()))
+            .collect();
+        assert_eq!(kept, [(0, "loss"), (1, "loss"), (2, "eval/pass@1")]);
+        assert_eq!(keep_events(&dir.0, keep).unwrap(), 0, "nothing more to cut");
+        assert_eq!(
+            std::fs::read_dir(&dir.0).unwrap().count(),
+            1,
+            "no temp file"
+        );
+        assert_eq!(keep_events(&dir.0.join("absent"), keep).unwrap(), 0);
+    }
+
+    #[test]
     fn reader_skips_unknown_fields_by_wire_type() {
         let mut value = Vec::new();
         put_len(&mut value, 7, b"node"); // node_name
@@ -958,13 +1110,14 @@ mod tests {
     }
 
     #[test]
-    fn truncate_after_step_keeps_earlier_steps_atomically() {
+    fn a_resume_keeps_the_lines_of_the_steps_its_checkpoint_holds() {
         let dir = TempDir::new("truncstep");
         let path = dir.0.join("metrics.jsonl");
         let text = "{\"run\":\"x\"}\n{\"step\":1}\n{\"step\":2}\n{\"step\":3}\n\
                     {\"step\":4}\n{\"step\":5}\n{\"step\":6,";
         std::fs::write(&path, text).unwrap();
-        assert_eq!(truncate_after_step(&path, 3).unwrap(), 3);
+        // step-4 holds steps 0..=3: their lines stay, 4, 5 and the torn 6 go.
+        assert_eq!(keep_before_step(&path, 4).unwrap(), 3);
         let got = lines(&path);
         assert_eq!(got[0]["run"], "x");
         let steps: Vec<_> = got[1..]
@@ -974,26 +1127,24 @@ mod tests {
         assert_eq!(steps, [1, 2, 3]);
         // Nothing left over beside it, and a second call removes nothing.
         assert_eq!(std::fs::read_dir(&dir.0).unwrap().count(), 1);
-        assert_eq!(truncate_after_step(&path, 3).unwrap(), 0);
-        assert_eq!(
-            truncate_after_step(&dir.0.join("absent.jsonl"), 0).unwrap(),
-            0
-        );
+        assert_eq!(keep_before_step(&path, 4).unwrap(), 0);
+        assert_eq!(keep_before_step(&path, 3).unwrap(), 1, "step 3 is redone");
+        assert_eq!(keep_before_step(&dir.0.join("absent.jsonl"), 0).unwrap(), 0);
     }
 
     #[test]
-    fn truncate_after_step_refuses_a_bad_line_and_leaves_the_file() {
+    fn a_bad_line_is_refused_and_the_file_left_as_it_was() {
         let dir = TempDir::new("truncbad");
         let path = dir.0.join("metrics.jsonl");
         let text = "{\"step\":1}\nnot json\n{\"step\":5}\n";
         std::fs::write(&path, text).unwrap();
-        match truncate_after_step(&path, 2) {
+        match keep_before_step(&path, 2) {
             Err(MetricsError::BadLine { line, .. }) => assert_eq!(line, 2),
             other => panic!("expected a bad line, got {other:?}"),
         }
         std::fs::write(&path, "{\"step\":\"7\"}\n").unwrap();
         assert!(matches!(
-            truncate_after_step(&path, 2),
+            keep_before_step(&path, 2),
             Err(MetricsError::BadLine { line: 1, .. })
         ));
         assert_eq!(

@@ -93,8 +93,46 @@ pub enum TrainError {
         dir: std::path::PathBuf,
         what: String,
     },
+    /// A write failed because the disk (or a quota) is full; what was
+    /// written before is intact.
+    #[error(
+        "{error}\nthe disk is full. {}. Free space on the filesystem of {}, then continue the \
+         run with --resume",
+        match last_good {
+            Some((step, dir)) => format!(
+                "The last good checkpoint, {} (step {step}), is intact and a resume continues \
+                 from it",
+                dir.display()
+            ),
+            None => "No checkpoint had been written yet, so a resume starts at step 0".to_owned(),
+        },
+        run_dir.display()
+    )]
+    DiskFull {
+        error: Box<TrainError>,
+        run_dir: std::path::PathBuf,
+        last_good: Option<(u64, std::path::PathBuf)>,
+    },
     #[error("{0}")]
     Invalid(String),
+}
+
+impl TrainError {
+    /// `self` as [`TrainError::DiskFull`] when a full disk caused it, with
+    /// the newest checkpoint of `run_dir` that verifies.
+    fn or_disk_full(self, run_dir: &RunDir) -> TrainError {
+        if matches!(self, TrainError::DiskFull { .. }) || !crate::fsutil::is_disk_full(&self) {
+            return self;
+        }
+        let last_good = checkpoint::latest_valid(run_dir.path(), |_| {})
+            .ok()
+            .flatten();
+        TrainError::DiskFull {
+            error: Box::new(self),
+            run_dir: run_dir.path().to_path_buf(),
+            last_good,
+        }
+    }
 }
 
 pub use crate::run_dir::Start;
@@ -353,11 +391,13 @@ pub fn train(
     observer: &mut dyn Observer,
 ) -> Result<Outcome, TrainError> {
     let mut loaded = load(cfg, job, observer)?;
-    let mut state = loaded.state(cfg, job, start, observer)?;
-    let records = run(&mut state, observer)?;
-    let (run_dir, recipe, steps) = (state.run_dir.clone(), state.recipe, state.step);
-    let memory = MemorySummary::of(&state);
-    drop(state);
+    let trained = (|| -> Result<_, TrainError> {
+        let mut state = loaded.state(cfg, job, start, observer)?;
+        let records = run(&mut state, observer)?;
+        Ok((records, state.recipe, state.step, MemorySummary::of(&state)))
+    })();
+    let run_dir = RunDir::of(cfg);
+    let (records, recipe, steps, memory) = trained.map_err(|e| e.or_disk_full(&run_dir))?;
     let t = &cfg.train;
     let read = |step: u64| EvalResult::load(&run_dir.eval(step)).ok();
     let before_after = if t.eval_before && t.eval_after && steps > 0 {

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use super::events::{Observer, StepRecord};
 use super::metrics::{EventWriter, JsonlWriter};
+use super::state::EVAL_TAG_PREFIX;
 use super::{step, Recipe, TrainError, TrainState};
 use crate::dist::Reduce;
 use crate::eval::{evaluate, EvalSpec};
@@ -36,9 +37,10 @@ pub fn run(s: &mut TrainState, observer: &mut dyn Observer) -> Result<Vec<StepRe
     }
     let eval_every = s.cfg.train.eval_every;
     let periodic = |step: u64| eval_every > 0 && step > 0 && step.is_multiple_of(eval_every);
-    let before_due = (s.cfg.train.eval_before && s.step == 0)
-        // A session killed between a checkpoint and its evaluation.
-        || (periodic(s.step) && !s.run_dir.eval(s.step).exists());
+    // Each evaluation once: a session killed before its result was
+    // written evaluates again, one killed after does not.
+    let before_due = ((s.cfg.train.eval_before && s.step == 0) || periodic(s.step))
+        && !s.run_dir.eval(s.step).exists();
     if rank0_says(s, before_due)? {
         evaluate_into(s, events.as_mut(), observer)?;
     }
@@ -184,18 +186,14 @@ fn evaluate_main(
         std::fs::create_dir_all(dir)
             .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.display())))?;
     }
-    crate::fsutil::write_atomic(
-        &path,
-        serde_json::to_string_pretty(&result)
-            .expect("eval result serialises")
-            .as_bytes(),
-    )?;
+    // TensorBoard first, the result file last: a resume keeps an
+    // evaluation's points only where its result is (see state::forget_after).
     let mut scalars: Vec<(String, f32)> = Vec::new();
     for (k, v) in &result.pass_at {
-        scalars.push((format!("eval/pass@{k}"), *v as f32));
+        scalars.push((format!("{EVAL_TAG_PREFIX}pass@{k}"), *v as f32));
     }
     for (k, v) in &result.exec_at {
-        scalars.push((format!("eval/exec@{k}"), *v as f32));
+        scalars.push((format!("{EVAL_TAG_PREFIX}exec@{k}"), *v as f32));
     }
     events.scalars(
         s.step as i64,
@@ -205,6 +203,12 @@ fn evaluate_main(
             .collect::<Vec<_>>(),
     )?;
     events.flush()?;
+    crate::fsutil::write_atomic(
+        &path,
+        serde_json::to_string_pretty(&result)
+            .expect("eval result serialises")
+            .as_bytes(),
+    )?;
     observer.on_eval(s.step, &path, &result);
     Ok(())
 }

@@ -337,29 +337,33 @@ impl<'a> TrainState<'a> {
         })
     }
 
-    /// Every completion of `ro` (whose samples belong to `tasks` in groups)
-    /// with its report, rewards and advantage, to `samples.jsonl`.
-    /// Only rank 0 holds a writer.
+    /// Every completion of each rollout (whose samples belong to its tasks
+    /// in groups) with its report, rewards and advantage, to
+    /// `samples.jsonl`, as one append: a step's samples land whole or not
+    /// at all. Only rank 0 holds a writer.
     pub fn log_samples(
         &self,
         samples_log: &mut Option<JsonlWriter>,
-        ro: &Rollout,
-        tasks: &[&Task],
+        parts: &[(&Rollout, &[&Task])],
     ) -> Result<(), TrainError> {
         let Some(samples_log) = samples_log else {
             return Ok(());
         };
-        for (i, c) in ro.comps.iter().enumerate() {
-            samples_log.write(&serde_json::json!({
-                "step": self.step,
-                "task_id": tasks[i / ro.group].id,
-                "completion": c.text,
-                "report": ro.reports[i],
-                "rewards": ro.breakdowns[i].as_ref().map(|b| b.to_log("")),
-                "advantage": ro.adv[i],
-                "attempts": ro.attempts.get(i),
-            }))?;
+        let mut lines = Vec::new();
+        for (ro, tasks) in parts {
+            for (i, c) in ro.comps.iter().enumerate() {
+                lines.push(serde_json::json!({
+                    "step": self.step,
+                    "task_id": tasks[i / ro.group].id,
+                    "completion": c.text,
+                    "report": ro.reports[i],
+                    "rewards": ro.breakdowns[i].as_ref().map(|b| b.to_log("")),
+                    "advantage": ro.adv[i],
+                    "attempts": ro.attempts.get(i),
+                }));
+            }
         }
+        samples_log.write_all(&lines)?;
         Ok(())
     }
 

@@ -17,7 +17,7 @@ use tch::{Device, Tensor};
 use super::checkpoint;
 use super::events::Observer;
 use super::memories::MetaMemory;
-use super::metrics::truncate_after_step;
+use super::metrics::{keep_before_step, keep_events};
 use super::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
 use super::{Recipe, Start, TrainError};
 use crate::config::{EngineKind, Job, OptimizerKind, RunConfig};
@@ -185,6 +185,49 @@ fn set_up_run_dir(run_dir: &RunDir, cfg: &RunConfig, start: Start) -> Result<(),
     crate::fsutil::write_atomic(&run_dir.config(), cfg.to_toml_string()?.as_bytes())?;
     Ok(())
 }
+
+/// Forget what steps `step` and later wrote, which a run resumed from
+/// `step-N` (the state after steps `0..N`) redoes: their lines in
+/// `metrics.jsonl` and `samples.jsonl`, their TensorBoard points, and
+/// evaluations after `step`, whose results would otherwise be kept from a
+/// future that no longer happens. An evaluation's TensorBoard points stay
+/// only where its result file does (the file is written last).
+fn forget_after(run_dir: &RunDir, step: u64) -> Result<(), TrainError> {
+    let n = step as i64;
+    keep_before_step(&run_dir.metrics(), n)?;
+    keep_before_step(&run_dir.samples(), n)?;
+    for e in std::fs::read_dir(run_dir.eval_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let later = name
+            .strip_suffix(".json")
+            .and_then(crate::run_dir::parse_step_dir)
+            .is_some_and(|s| s > step);
+        if later {
+            std::fs::remove_file(e.path()).map_err(crate::fsutil::io_err(&e.path(), "remove"))?;
+        }
+    }
+    let evaluated = |s: i64| s <= n && s >= 0 && run_dir.eval(s as u64).is_file();
+    keep_events(&run_dir.tensorboard(), |ev| {
+        let eval = !ev.scalars.is_empty()
+            && ev
+                .scalars
+                .iter()
+                .all(|(t, _)| t.starts_with(EVAL_TAG_PREFIX));
+        if eval {
+            evaluated(ev.step)
+        } else {
+            ev.step < n
+        }
+    })?;
+    Ok(())
+}
+
+/// The TensorBoard tags of held-out evaluations (`eval/pass@1`, ...).
+pub(super) const EVAL_TAG_PREFIX: &str = "eval/";
 
 /// A run: its config and recipe, where it writes, what it trains with, and
 /// how far it got. The step functions (`step::rl`, `step::meta`,
@@ -372,7 +415,7 @@ impl<'a> TrainState<'a> {
         };
         for gone in leftovers {
             observer.on_message(&format!(
-                "removed an interrupted checkpoint write: {}",
+                "cleared what an interrupted write left: {}",
                 gone.display()
             ));
         }
@@ -463,9 +506,7 @@ impl<'a> TrainState<'a> {
             me.memory = Some(mem);
         }
         if me.dist.is_main() {
-            // Lines after the resumed step belong to the lost future.
-            truncate_after_step(&me.run_dir.metrics(), me.step as i64)?;
-            truncate_after_step(&me.run_dir.samples(), me.step as i64)?;
+            forget_after(&me.run_dir, me.step)?;
         }
         if me.cfg.rollout.engine == EngineKind::Vllm && me.recipe != Recipe::Sft {
             let rank = me.dist.rank();

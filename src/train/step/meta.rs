@@ -438,10 +438,14 @@ pub fn step(
         lt.insert(&experiences)
             .map_err(|e| TrainError::Invalid(format!("long-term memory: {e}")))?;
     }
-    s.log_samples(samples_log, &support, &tasks)?;
-    for (i, qr) in queries.iter().enumerate() {
-        s.log_samples(samples_log, qr, &tasks[i..=i])?;
-    }
+    let mut logged: Vec<(&Rollout, &[&Task])> = vec![(&support, &tasks)];
+    logged.extend(
+        queries
+            .iter()
+            .enumerate()
+            .map(|(i, qr)| (qr, &tasks[i..=i])),
+    );
+    s.log_samples(samples_log, &logged)?;
     let mut all: Vec<&Rollout> = vec![&support];
     all.extend(queries.iter());
     Ok(s.record(lr, loss, grad_norm, &all, seconds))

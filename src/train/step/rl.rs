@@ -49,7 +49,7 @@ pub fn step(
         s.cfg.rollout.vllm.tis_cap,
     )?;
     seconds.insert("update".to_owned(), t0.elapsed().as_secs_f64());
-    s.log_samples(samples_log, &ro, &tasks)?;
+    s.log_samples(samples_log, &[(&ro, &tasks)])?;
     let mut rec = s.record(lr, up.loss, up.grad_norm, &[&ro], seconds);
     rec.mismatch = up.mismatch;
     Ok(rec)

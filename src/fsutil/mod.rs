@@ -4,6 +4,10 @@
 //! target, fsync, rename over it, fsync the directory, so readers see the
 //! old file or the whole new one, never a torn one; and [`IoError`], the one
 //! shape of a failed file operation (`PATH: cannot ACTION: REASON`).
+//! Also the failpoints every durable write passes ([`failpoint`]) and how to
+//! tell a full disk from other failures ([`is_disk_full`]).
+
+pub mod failpoint;
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -55,6 +59,7 @@ pub fn write_atomic_with<T, E: From<WriteError>>(
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
+        failpoint::check("write", &tmp).map_err(err(&tmp, "write"))?;
         let file = File::create(&tmp).map_err(err(&tmp, "create"))?;
         let mut w = BufWriter::with_capacity(1 << 20, file);
         let value = body(&mut w, &tmp)?;
@@ -62,6 +67,7 @@ pub fn write_atomic_with<T, E: From<WriteError>>(
             .into_inner()
             .map_err(|e| err(&tmp, "write")(e.into_error()))?;
         file.sync_all().map_err(err(&tmp, "fsync"))?;
+        failpoint::check("rename", path).map_err(err(path, "rename into place"))?;
         std::fs::rename(&tmp, path).map_err(err(path, "rename into place"))?;
         Ok(value)
     })();
@@ -114,10 +120,23 @@ pub fn publish_dir<E: From<WriteError>>(
         return Err(e);
     }
     let old = parent.join(format!(".{name}.old-{}", std::process::id()));
-    if out.exists() {
-        std::fs::rename(out, &old).map_err(err(out, "move the old directory aside"))?;
+    let placed = (|| {
+        if out.exists() {
+            failpoint::check("move aside", out)
+                .map_err(err(out, "move the old directory aside"))?;
+            std::fs::rename(out, &old).map_err(err(out, "move the old directory aside"))?;
+        }
+        failpoint::check("rename", out).map_err(err(out, "rename into place"))?;
+        std::fs::rename(&tmp, out).map_err(err(out, "rename into place"))
+    })();
+    if let Err(e) = placed {
+        // Put back what was moved aside; the new copy goes, as on any error.
+        if old.exists() && !out.exists() {
+            let _ = std::fs::rename(&old, out);
+        }
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e.into());
     }
-    std::fs::rename(&tmp, out).map_err(err(out, "rename into place"))?;
     let _ = std::fs::remove_dir_all(&old);
     if let Ok(d) = File::open(parent) {
         let _ = d.sync_all();
@@ -125,9 +144,65 @@ pub fn publish_dir<E: From<WriteError>>(
     Ok(())
 }
 
+/// Whether `e` (or one of its causes) is a full disk or an exhausted quota:
+/// `ENOSPC` / `EDQUOT` from the OS, or SQLite's "database or disk is full".
+pub fn is_disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
+    let full = |c: &std::io::Error| {
+        matches!(c.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+            || c.kind() == std::io::ErrorKind::StorageFull
+            || c.kind() == std::io::ErrorKind::QuotaExceeded
+    };
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if let Some(io) = c.downcast_ref::<IoError>() {
+            if full(&io.cause) {
+                return true;
+            }
+        }
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if full(io) {
+                return true;
+            }
+        }
+        // Errors that keep their cause as text (SQLite's, or ours that
+        // format one into a message) still say so in words.
+        let text = c.to_string();
+        if [
+            "No space left on device",
+            "Disk quota exceeded",
+            "database or disk is full",
+        ]
+        .iter()
+        .any(|w| text.contains(w))
+        {
+            return true;
+        }
+        cur = c.source();
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_disk_is_told_from_other_failures() {
+        let full = IoError {
+            path: "x".into(),
+            action: "write",
+            cause: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        };
+        assert!(is_disk_full(&full));
+        let denied = IoError {
+            path: "x".into(),
+            action: "write",
+            cause: std::io::ErrorKind::PermissionDenied.into(),
+        };
+        assert!(!is_disk_full(&denied));
+        let sqlite = std::io::Error::other("insert: database or disk is full");
+        assert!(is_disk_full(&sqlite));
+    }
 
     #[test]
     fn replaces_whole_file_and_leaves_no_temp_on_error() {
