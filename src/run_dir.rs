@@ -14,6 +14,8 @@
 //!   step-N/            checkpoints (atomic; see train::checkpoint)
 //!   report/            `falcon report`'s plots and index.html
 //!   ablate-done.json   a finished `falcon ablate` variant's summary row
+//!   falcon.lock        held by the one process that writes the run
+//!                      (pid, host, start time and command inside)
 //!   vllm/              [rollout] engine = "vllm": the managed server's log
 //!                      (server.log) and what the servers read (base model,
 //!                      the current adapter or weights)
@@ -22,6 +24,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::config::RunConfig;
+use crate::fsutil::lock::{self, DirLock, LockError, Unlockable};
 
 /// The resolved config a run was started with.
 pub const CONFIG: &str = "config.toml";
@@ -41,6 +44,8 @@ pub const MEMORY_DB: &str = "memory.sqlite";
 pub const REPORT: &str = "report";
 /// A finished ablation variant's summary row.
 pub const ABLATE_DONE: &str = "ablate-done.json";
+/// The writer's lock (see [`RunDir::lock`]).
+pub const LOCK: &str = "falcon.lock";
 
 /// Files of a checkpoint directory `step-N/`.
 pub mod checkpoint {
@@ -184,12 +189,37 @@ impl RunDir {
         (!found.is_empty()).then(|| found.join(", "))
     }
 
-    /// Delete the run directory and everything in it (`--overwrite`).
+    /// Delete everything in the run directory (`--overwrite`) but its
+    /// lock, which the process deleting holds; the directory itself goes
+    /// too where there is no lock.
     pub fn remove(&self) -> std::io::Result<()> {
-        match std::fs::remove_dir_all(&self.0) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            r => r,
+        let entries = match std::fs::read_dir(&self.0) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            r => r?,
+        };
+        let mut locked = false;
+        for e in entries {
+            let e = e?;
+            if e.file_name() == LOCK {
+                locked = true;
+            } else if e.file_type()?.is_dir() {
+                std::fs::remove_dir_all(e.path())?;
+            } else {
+                std::fs::remove_file(e.path())?;
+            }
         }
+        if !locked {
+            std::fs::remove_dir(&self.0)?;
+        }
+        Ok(())
+    }
+
+    /// Take the run's writer lock (creating the directory): every command
+    /// that writes a run holds it for its whole life, so a second writer is
+    /// refused with the first one's pid, host and start time. `None` only
+    /// where the filesystem cannot lock and `unlockable` accepts that.
+    pub fn lock(&self, unlockable: Unlockable) -> Result<Option<DirLock>, LockError> {
+        lock::lock(&self.0, LOCK, unlockable)
     }
 }
 
@@ -241,6 +271,22 @@ mod tests {
         d.remove().unwrap();
         assert!(!tmp.exists());
         d.remove().unwrap();
+        // --overwrite under the lock: everything goes but the lock, which
+        // the deleting process holds.
+        let held = d.lock(Unlockable::Refuse).unwrap().unwrap();
+        std::fs::write(d.metrics(), "{}\n").unwrap();
+        std::fs::create_dir_all(d.checkpoint(1)).unwrap();
+        d.remove().unwrap();
+        let left: Vec<_> = std::fs::read_dir(&tmp)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(left, [LOCK]);
+        assert_eq!(d.existing_run(), None, "a lock alone is no run");
+        assert!(d.lock(Unlockable::Refuse).is_err(), "still held");
+        drop(held);
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 
     #[test]

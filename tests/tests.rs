@@ -21,6 +21,7 @@ mod memory;
 mod model_io;
 mod model_parity;
 mod python_roundtrip;
+mod run_lock;
 mod sandbox_service;
 mod strategies;
 mod train;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use super::usage;
+use super::{usage, LockArgs};
 use falcon_rl::config::Job;
 use falcon_rl::run_dir::RunDir;
 use falcon_rl::train::ablate::{
@@ -25,6 +25,8 @@ pub struct AblateArgs {
     /// say what would run; train nothing.
     #[arg(long)]
     dry_run: bool,
+    #[command(flatten)]
+    lock: LockArgs,
 }
 
 /// A failed write is ours; a grid, base or run directory that cannot be
@@ -104,7 +106,8 @@ pub fn run(args: AblateArgs) -> Result<()> {
             RunDir::of(cfg).path().display()
         );
         let start = if resume { Start::Resume } else { Start::New };
-        super::train::train(cfg, Job::Train, start).with_context(|| format!("variant `{name}`"))?;
+        super::train::train(cfg, Job::Train, start, args.lock)
+            .with_context(|| format!("variant `{name}`"))?;
         rows.push(finish_variant(cfg).map_err(ablate_error)?);
     }
     let files = write_summary(&grid, &out, &rows).map_err(ablate_error)?;

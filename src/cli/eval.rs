@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 
-use super::{open_policy, usage, Progress, UsageError};
+use super::{hold_lock, open_policy, usage, LockArgs, Progress, UsageError};
 use falcon_rl::config::{Job, RunConfig, StrategyKind};
 use falcon_rl::eval::job::{needs_policy, partial_dir, prepare_output, Progress as EvalProgress};
 use falcon_rl::eval::{eval_tasks, rescore, EvalError, EvalResult};
@@ -41,6 +41,8 @@ pub struct EvalArgs {
     /// Replace an earlier evaluation at --out (and its partial groups).
     #[arg(long)]
     overwrite: bool,
+    #[command(flatten)]
+    lock: LockArgs,
 }
 
 #[derive(Subcommand)]
@@ -119,6 +121,11 @@ pub fn run(args: EvalArgs) -> Result<()> {
         cfg.strategy.memory_run = Some(run.clone());
     }
     cfg.check(Job::Eval).map_err(usage)?;
+    // One writer per result file and its partial groups, for the whole run.
+    let _lock = match &args.out {
+        Some(out) => out_lock(out, args.lock)?,
+        None => None,
+    };
     if let Some(out) = &args.out {
         let start = match (args.resume, args.overwrite) {
             (true, _) => Start::Resume,
@@ -163,6 +170,19 @@ pub fn run(args: EvalArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The writer lock of `--out FILE`: `.FILE.lock` beside it.
+fn out_lock(out: &Path, args: LockArgs) -> Result<Option<falcon_rl::fsutil::lock::DirLock>> {
+    let dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    hold_lock(dir, &format!(".{name}.lock"), args)
 }
 
 /// pass@k and exec@k on stdout, then [`eprint_details`].

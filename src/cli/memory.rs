@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 
-use super::{usage, UsageError};
+use super::{hold_lock, usage, LockArgs, UsageError};
 use falcon_rl::config::RunConfig;
 use falcon_rl::exec::MemoCoderClass;
 use falcon_rl::memory::fixes::{
@@ -53,6 +53,8 @@ pub enum MemoryCmd {
         run_dir: PathBuf,
         #[arg(long = "in")]
         input: PathBuf,
+        #[command(flatten)]
+        lock: LockArgs,
     },
 }
 
@@ -99,9 +101,15 @@ pub fn run(cmd: MemoryCmd) -> Result<()> {
             println!("wrote {n} lines to {}", out.display());
             Ok(())
         }
-        MemoryCmd::Import { run_dir, input } => {
+        MemoryCmd::Import {
+            run_dir,
+            input,
+            lock,
+        } => {
             let f = std::fs::File::open(&input)
                 .with_context(|| format!("reading {}", input.display()))?;
+            // A run that is training writes this database too.
+            let _lock = hold_lock(&run_dir, falcon_rl::run_dir::LOCK, lock)?;
             let mut store = MemoryStore::open(&run_dir)?;
             let sum = store
                 .import_jsonl(std::io::BufReader::new(f))

@@ -65,6 +65,45 @@ pub fn usage(e: impl std::fmt::Display) -> anyhow::Error {
     UsageError(e.to_string()).into()
 }
 
+/// `--allow-unlocked`, for every command that writes a run directory.
+#[derive(Args, Clone, Copy, Debug, Default)]
+pub struct LockArgs {
+    /// Go on without the run directory's writer lock where its filesystem
+    /// cannot lock (some network filesystems); nothing then keeps a second
+    /// writer out.
+    #[arg(long)]
+    pub allow_unlocked: bool,
+}
+
+/// Hold the writer lock `dir/name` for as long as the result lives: a
+/// second writer is refused (exit code 2) naming the first. Where the
+/// filesystem cannot lock, refused too unless `--allow-unlocked`.
+pub fn hold_lock(
+    dir: &std::path::Path,
+    name: &str,
+    args: LockArgs,
+) -> Result<Option<falcon_rl::fsutil::lock::DirLock>> {
+    use falcon_rl::fsutil::lock::{lock, LockError, Unlockable};
+    let unlockable = if args.allow_unlocked {
+        Unlockable::Proceed
+    } else {
+        Unlockable::Refuse
+    };
+    match lock(dir, name, unlockable) {
+        Ok(Some(l)) => Ok(Some(l)),
+        Ok(None) => {
+            eprintln!(
+                "falcon: warning: {} cannot be locked on this filesystem; going on without the \
+                 lock (--allow-unlocked): make sure that nothing else writes it",
+                dir.display()
+            );
+            Ok(None)
+        }
+        Err(LockError::Io(e)) => Err(e.into()),
+        Err(e) => Err(usage(e)),
+    }
+}
+
 /// `--model`, `--dtype`, `--device`, `--adapter`.
 #[derive(Args, Clone)]
 pub struct ModelArgs {

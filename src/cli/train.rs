@@ -8,9 +8,10 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Args;
 
-use super::usage;
+use super::{hold_lock, usage, LockArgs};
 use falcon_rl::config::{Job, RunConfig};
 use falcon_rl::eval::EvalResult;
+use falcon_rl::run_dir::RunDir;
 use falcon_rl::train::{Observer, Start, StepRecord, TrainError};
 
 #[derive(Args)]
@@ -24,6 +25,8 @@ pub struct TrainArgs {
     /// Delete what <output_dir>/<name> holds and start the run over.
     #[arg(long)]
     overwrite: bool,
+    #[command(flatten)]
+    lock: LockArgs,
 }
 
 pub fn run(args: TrainArgs, job: Job) -> Result<()> {
@@ -33,7 +36,7 @@ pub fn run(args: TrainArgs, job: Job) -> Result<()> {
         (_, true) => Start::Overwrite,
         _ => Start::New,
     };
-    train(&cfg, job, start)
+    train(&cfg, job, start, args.lock)
 }
 
 /// A training error as the CLI reports it: a config or task file that does
@@ -50,12 +53,19 @@ pub fn train_error(e: TrainError) -> anyhow::Error {
 }
 
 /// Train (or resume) the run `cfg` describes, as `falcon train`, `falcon
-/// sft` and each variant of `falcon ablate` do.
-pub fn train(cfg: &RunConfig, job: Job, start: Start) -> Result<()> {
+/// sft` and each variant of `falcon ablate` do, holding the run
+/// directory's writer lock throughout (rank 0 of a data-parallel run; the
+/// other ranks never write it).
+pub fn train(cfg: &RunConfig, job: Job, start: Start, lock: LockArgs) -> Result<()> {
     // In a data-parallel run rank 0 reports; the others say only what
     // concerns them (messages, tagged with their rank), as torchrun users
     // expect.
     let rank = falcon_rl::dist::Launch::from_env().map_or(0, |l| l.rank);
+    let _lock = if rank == 0 {
+        hold_lock(RunDir::of(cfg).path(), falcon_rl::run_dir::LOCK, lock)?
+    } else {
+        None
+    };
     let mut progress = TrainProgress { bar: None, rank };
     let t0 = Instant::now();
     let outcome = falcon_rl::train::train(cfg, job, start, &mut progress).map_err(train_error)?;

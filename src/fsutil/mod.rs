@@ -4,10 +4,12 @@
 //! target, fsync, rename over it, fsync the directory, so readers see the
 //! old file or the whole new one, never a torn one; and [`IoError`], the one
 //! shape of a failed file operation (`PATH: cannot ACTION: REASON`).
-//! Also the failpoints every durable write passes ([`failpoint`]) and how to
-//! tell a full disk from other failures ([`is_disk_full`]).
+//! Also the failpoints every durable write passes ([`failpoint`]), how to
+//! tell a full disk from other failures ([`is_disk_full`]), and the
+//! advisory lock that keeps a second writer out of a directory ([`lock`]).
 
 pub mod failpoint;
+pub mod lock;
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
