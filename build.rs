@@ -14,7 +14,12 @@
 //! - `src/dist/shim/c10d.cpp`, the C face of libtorch's c10d (TCPStore,
 //!   ProcessGroupGloo), is compiled here against the headers of the libtorch
 //!   torch-sys built against, with its C++ ABI.
+//! - The kernel tests that need a CPU feature are ignored, visibly, where the
+//!   CPU that builds them lacks it: `falcon_cpu_avx512f` and
+//!   `falcon_cpu_avx2_fma` say what the build host has (libtest has no skip
+//!   at run time; an early `return` would pass silently).
 fn main() {
+    cpu_cfgs();
     if let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
         println!("cargo:rustc-link-search=native={lib}");
@@ -45,4 +50,22 @@ fn build_c10d_shim(lib: &std::path::Path) {
         .define("GLOG_USE_GLOG_EXPORT", None)
         .file(format!("{shim}/c10d.cpp"))
         .compile("falcon_c10d");
+}
+
+fn cpu_cfgs() {
+    println!("cargo::rustc-check-cfg=cfg(falcon_cpu_avx512f)");
+    println!("cargo::rustc-check-cfg=cfg(falcon_cpu_avx2_fma)");
+    // Only where the tests run on the machine that builds them.
+    if std::env::var("TARGET").ok() != std::env::var("HOST").ok() {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            println!("cargo:rustc-cfg=falcon_cpu_avx512f");
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            println!("cargo:rustc-cfg=falcon_cpu_avx2_fma");
+        }
+    }
 }

@@ -718,10 +718,12 @@ mod tests {
 
     #[test]
     #[cfg(target_arch = "x86_64")]
+    #[cfg_attr(
+        not(falcon_cpu_avx512f),
+        ignore = "needs AVX-512F, which this CPU lacks"
+    )]
     fn exp_is_within_two_ulp_of_the_float64_exp() {
-        if !supported() {
-            return;
-        }
+        assert!(supported(), "{}", crate::kernels::STALE_BUILD);
         let xs: Vec<f32> = (0..20_000)
             .map(|i| -100.0 + i as f32 * 0.0094)
             .chain([0.0, -0.0, 1e-30, -87.0, 88.0, f32::NEG_INFINITY])
@@ -751,10 +753,12 @@ mod tests {
     /// views (strided), a mask with holes, and a row whose only key is
     /// itself.
     #[test]
+    #[cfg_attr(
+        not(falcon_cpu_avx512f),
+        ignore = "needs AVX-512F, which this CPU lacks"
+    )]
     fn attention_matches_libtorch() {
-        if !supported() {
-            return;
-        }
+        assert!(supported(), "{}", crate::kernels::STALE_BUILD);
         tch::manual_seed(2);
         let _s = scope();
         let (b, h, g, d, cap, s) = (4, 3, 3, 64, 40, 29);
@@ -812,10 +816,12 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(falcon_cpu_avx512f),
+        ignore = "needs AVX-512F, which this CPU lacks"
+    )]
     fn rms_norm_and_rope_match_libtorch() {
-        if !supported() {
-            return;
-        }
+        assert!(supported(), "{}", crate::kernels::STALE_BUILD);
         tch::manual_seed(4);
         let x = Tensor::randn([7, 1, 100], (Kind::Float, Device::Cpu)) * 3.0;
         let w = Tensor::randn([100], (Kind::Float, Device::Cpu));
@@ -853,10 +859,12 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(falcon_cpu_avx512f),
+        ignore = "needs AVX-512F, which this CPU lacks"
+    )]
     fn bf16_rms_norm_rope_and_silu_mul_round_where_libtorch_does() {
-        if !supported() {
-            return;
-        }
+        assert!(supported(), "{}", crate::kernels::STALE_BUILD);
         tch::manual_seed(5);
         let _s = scope();
         let bf = |t: Tensor| t.to_kind(Kind::BFloat16);
@@ -887,10 +895,12 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(falcon_cpu_avx512f),
+        ignore = "needs AVX-512F, which this CPU lacks"
+    )]
     fn silu_mul_matches_libtorch_on_the_halves_of_a_fused_projection() {
-        if !supported() {
-            return;
-        }
+        assert!(supported(), "{}", crate::kernels::STALE_BUILD);
         let _s = scope();
         let gu = Tensor::randn([5, 2 * 100], (Kind::Float, Device::Cpu)) * 6.0;
         let parts = gu.split_with_sizes([100, 100], -1);

@@ -784,11 +784,12 @@ mod tests {
     /// without a vector tail (k % 8, k % 16, k % 32), output row counts
     /// that leave partial chunks and odd weight rows, and every row count.
     #[test]
+    #[cfg_attr(
+        not(falcon_cpu_avx2_fma),
+        ignore = "needs AVX2 and FMA, which this CPU lacks"
+    )]
     fn matches_libtorch_in_fp32_and_bf16() {
-        if !supported() {
-            eprintln!("skipped: no AVX2/FMA on this CPU");
-            return;
-        }
+        assert!(supported(), "{}", crate::kernels::STALE_BUILD);
         tch::manual_seed(7);
         let _guard = tch::no_grad_guard();
         for cap in [Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16] {
@@ -834,10 +835,12 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(falcon_cpu_avx2_fma),
+        ignore = "needs AVX2 and FMA, which this CPU lacks"
+    )]
     fn keeps_leading_dimensions_and_rounds_like_libtorch() {
-        if !supported() {
-            return;
-        }
+        assert!(supported(), "{}", crate::kernels::STALE_BUILD);
         let _guard = tch::no_grad_guard();
         let x = Tensor::randn([2, 1, 64], (Kind::Float, Device::Cpu));
         let w = Tensor::randn([48, 64], (Kind::Float, Device::Cpu));
@@ -893,10 +896,12 @@ mod tests {
     /// Products from several threads at once: one holds the pool, the
     /// others run on their own thread, every result is right.
     #[test]
+    #[cfg_attr(
+        not(falcon_cpu_avx2_fma),
+        ignore = "needs AVX2 and FMA, which this CPU lacks"
+    )]
     fn concurrent_callers_get_their_own_results() {
-        if !supported() {
-            return;
-        }
+        assert!(supported(), "{}", crate::kernels::STALE_BUILD);
         let handles: Vec<_> = (0..4)
             .map(|s| {
                 thread::spawn(move || {

@@ -110,6 +110,12 @@ fn parse_switch(v: &str) -> Option<bool> {
 }
 
 /// Does this CPU have AVX-512F (what [`decode_ops`] and `panel_gemm` need)?
+/// What a kernel test says when build.rs saw a CPU feature that the CPU
+/// running the test lacks (a target directory carried to another machine).
+#[cfg(test)]
+pub(crate) const STALE_BUILD: &str =
+    "built where the CPU had the feature, run where it has not: rebuild the tests";
+
 pub(crate) fn avx512f() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

@@ -728,10 +728,15 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        ignore = "needs x86-64 (AVX-512F panels or MKL)"
+    )]
     fn nothing_is_packed_outside_a_scope_and_a_scope_frees_what_it_packed() {
-        if !supported() {
-            return;
-        }
+        assert!(
+            supported(),
+            "no packed products on this CPU (neither AVX-512F panels nor MKL)"
+        );
         let w = Tensor::randn([64, 32], (Kind::Float, Device::Cpu));
         let x = Tensor::randn([16, 32], (Kind::Float, Device::Cpu));
         assert!(linear(&x, &w, None).is_none());
@@ -749,10 +754,15 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        ignore = "needs x86-64 (AVX-512F panels or MKL)"
+    )]
     fn a_weight_changed_inside_the_scope_is_packed_again() {
-        if !supported() {
-            return;
-        }
+        assert!(
+            supported(),
+            "no packed products on this CPU (neither AVX-512F panels nor MKL)"
+        );
         let mut w = Tensor::randn([48, 40], (Kind::Float, Device::Cpu));
         let x = Tensor::randn([12, 40], (Kind::Float, Device::Cpu));
         let _s = scope().unwrap();
@@ -771,10 +781,15 @@ mod tests {
     /// pack must never outlive its generation (a version check alone would
     /// keep a stale one).
     #[test]
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        ignore = "needs x86-64 (AVX-512F panels or MKL)"
+    )]
     fn a_new_scope_sees_a_change_made_through_an_aliasing_tensor() {
-        if !supported() {
-            return;
-        }
+        assert!(
+            supported(),
+            "no packed products on this CPU (neither AVX-512F panels nor MKL)"
+        );
         let fused = Tensor::randn([64, 32], (Kind::Float, Device::Cpu));
         let part = Tensor::zeros([32, 32], (Kind::Float, Device::Cpu));
         tch::no_grad(|| part.shallow_clone().set_data(&fused.narrow(0, 0, 32)));
@@ -795,10 +810,15 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        ignore = "needs x86-64 (AVX-512F panels or MKL)"
+    )]
     fn products_autograd_records_and_other_dtypes_are_declined() {
-        if !supported() {
-            return;
-        }
+        assert!(
+            supported(),
+            "no packed products on this CPU (neither AVX-512F panels nor MKL)"
+        );
         let _s = scope().unwrap();
         let w = Tensor::randn([16, 8], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let x = Tensor::randn([12, 8], (Kind::Float, Device::Cpu));
