@@ -3,7 +3,7 @@
 //! MEMCoder and MemoCoder memory systems as rollout strategies and baselines.
 //!
 //! Data flows down the module list, which is the order of
-//! `../shared/DESIGN.md`: a module may import from the ones above it, never
+//! docs/architecture.md: a module may import from the ones above it, never
 //! below (`tests/layers.rs` fails on any edge against this order). `config`,
 //! `fsutil` and `text` are the bottom layer and import nothing of the crate
 //! but each other's names where said.

@@ -1,4 +1,4 @@
-//! The map of `../shared/DESIGN.md` holds in the code: data flows down the
+//! The map of docs/architecture.md holds in the code: data flows down the
 //! module order, so a module names only modules above it (`crate::X`), the
 //! bottom layer (`config`, `fsutil`, `text`) names nothing else of the
 //! crate, and no training step imports another step. The test reads the
