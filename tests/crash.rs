@@ -396,34 +396,24 @@ fn a_meta_run_with_both_memories_resumes_exactly_from_a_crash_at_every_write() {
 /// with `env0` on rank 0 only; their outputs.
 fn train_two_ranks(config: &Path, resume: bool, env0: &[(&str, String)]) -> Vec<Output> {
     let port = crate::dist::free_port().to_string();
-    let children: Vec<_> = (0..2)
+    let extra: &[&str] = if resume { &["--resume"] } else { &[] };
+    let children = (0..2)
         .map(|r| {
-            Command::new(env!("CARGO_BIN_EXE_falcon"))
-                .args(["--threads", "1", "train", "--config"])
-                .arg(config)
-                .args(if resume { &["--resume"][..] } else { &[] })
-                .envs([
-                    ("RANK", r.to_string()),
-                    ("WORLD_SIZE", "2".into()),
-                    ("LOCAL_RANK", r.to_string()),
-                    ("MASTER_ADDR", "127.0.0.1".into()),
-                    ("MASTER_PORT", port.clone()),
-                ])
-                .envs(
-                    env0.iter()
-                        .filter(|_| r == 0)
-                        .map(|(k, v)| (*k, v.as_str())),
-                )
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
+            let rank = r.to_string();
+            let mut env = vec![
+                ("RANK", rank.as_str()),
+                ("WORLD_SIZE", "2"),
+                ("LOCAL_RANK", rank.as_str()),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", port.as_str()),
+            ];
+            if r == 0 {
+                env.extend(env0.iter().map(|(k, v)| (*k, v.as_str())));
+            }
+            crate::dist::falcon_train(config, extra, &env)
         })
         .collect();
-    children
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .collect()
+    crate::dist::finish(children)
 }
 
 /// Data-parallel FOMAML with both memories, rank 0 writing: SIGKILLed

@@ -229,7 +229,7 @@ fn write_config(dir: &Path, cfg: &RunConfig, name: &str) -> std::path::PathBuf {
 
 /// `falcon train --config config EXTRA` started with `env` added, its
 /// output captured.
-fn falcon_train(config: &Path, extra: &[&str], env: &[(&str, &str)]) -> Child {
+pub fn falcon_train(config: &Path, extra: &[&str], env: &[(&str, &str)]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_falcon"))
         .args(["train", "--config", config.to_str().unwrap()])
         .args(extra)
@@ -240,7 +240,7 @@ fn falcon_train(config: &Path, extra: &[&str], env: &[(&str, &str)]) -> Child {
         .unwrap()
 }
 
-fn finish(children: Vec<Child>) -> Vec<Output> {
+pub fn finish(children: Vec<Child>) -> Vec<Output> {
     children
         .into_iter()
         .map(|c| c.wait_with_output().unwrap())

@@ -174,14 +174,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
 
 /// The writer lock of `--out FILE`: `.FILE.lock` beside it.
 fn out_lock(out: &Path, args: LockArgs) -> Result<Option<falcon_rl::fsutil::lock::DirLock>> {
-    let dir = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = out
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let (dir, name) = falcon_rl::fsutil::parent_and_name(out);
     hold_lock(dir, &format!(".{name}.lock"), args)
 }
 

@@ -45,12 +45,9 @@ fn err<'a>(path: &'a Path, action: &'static str) -> impl FnOnce(std::io::Error) 
     io_err(path, action)
 }
 
-/// Stream the contents of `path` through `body`, atomically. `body` gets the
-/// buffered temp file and its path (for its own error messages).
-pub fn write_atomic_with<T, E: From<WriteError>>(
-    path: &Path,
-    body: impl FnOnce(&mut BufWriter<File>, &Path) -> Result<T, E>,
-) -> Result<T, E> {
+/// The directory `path` is in (`.` for a bare name) and its file name: where
+/// the temp files, lock files and moved-aside copies that belong to it go.
+pub fn parent_and_name(path: &Path) -> (&Path, String) {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -59,6 +56,16 @@ pub fn write_atomic_with<T, E: From<WriteError>>(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    (dir, name)
+}
+
+/// Stream the contents of `path` through `body`, atomically. `body` gets the
+/// buffered temp file and its path (for its own error messages).
+pub fn write_atomic_with<T, E: From<WriteError>>(
+    path: &Path,
+    body: impl FnOnce(&mut BufWriter<File>, &Path) -> Result<T, E>,
+) -> Result<T, E> {
+    let (dir, name) = parent_and_name(path);
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
         failpoint::check("write", &tmp).map_err(err(&tmp, "write"))?;
@@ -105,15 +112,8 @@ pub fn publish_dir<E: From<WriteError>>(
         }
         .into());
     }
-    let parent = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let (parent, name) = parent_and_name(out);
     std::fs::create_dir_all(parent).map_err(err(parent, "create directory"))?;
-    let name = out
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(err(&tmp, "create directory"))?;
