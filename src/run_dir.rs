@@ -24,7 +24,6 @@
 use std::path::{Path, PathBuf};
 
 use crate::config::RunConfig;
-use crate::fsutil::lock::{self, DirLock, LockError, Unlockable};
 
 /// The resolved config a run was started with.
 pub const CONFIG: &str = "config.toml";
@@ -44,7 +43,8 @@ pub const MEMORY_DB: &str = "memory.sqlite";
 pub const REPORT: &str = "report";
 /// A finished ablation variant's summary row.
 pub const ABLATE_DONE: &str = "ablate-done.json";
-/// The writer's lock (see [`RunDir::lock`]).
+/// The writer's lock: every command that writes the run holds it for its
+/// whole life (`fsutil::lock`).
 pub const LOCK: &str = "falcon.lock";
 
 /// Files of a checkpoint directory `step-N/`.
@@ -213,14 +213,6 @@ impl RunDir {
         }
         Ok(())
     }
-
-    /// Take the run's writer lock (creating the directory): every command
-    /// that writes a run holds it for its whole life, so a second writer is
-    /// refused with the first one's pid, host and start time. `None` only
-    /// where the filesystem cannot lock and `unlockable` accepts that.
-    pub fn lock(&self, unlockable: Unlockable) -> Result<Option<DirLock>, LockError> {
-        lock::lock(&self.0, LOCK, unlockable)
-    }
 }
 
 /// `run_dir/step-N`.
@@ -273,7 +265,8 @@ mod tests {
         d.remove().unwrap();
         // --overwrite under the lock: everything goes but the lock, which
         // the deleting process holds.
-        let held = d.lock(Unlockable::Refuse).unwrap().unwrap();
+        use crate::fsutil::lock::{lock, Unlockable};
+        let held = lock(&tmp, LOCK, Unlockable::Refuse).unwrap().unwrap();
         std::fs::write(d.metrics(), "{}\n").unwrap();
         std::fs::create_dir_all(d.checkpoint(1)).unwrap();
         d.remove().unwrap();
@@ -284,7 +277,7 @@ mod tests {
             .collect();
         assert_eq!(left, [LOCK]);
         assert_eq!(d.existing_run(), None, "a lock alone is no run");
-        assert!(d.lock(Unlockable::Refuse).is_err(), "still held");
+        assert!(lock(&tmp, LOCK, Unlockable::Refuse).is_err(), "still held");
         drop(held);
         std::fs::remove_dir_all(&tmp).unwrap();
     }

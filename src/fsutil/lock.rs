@@ -11,7 +11,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::{io_err, IoError};
+use super::{hostname, io_err, IoError};
 
 /// Why a lock was not taken.
 #[derive(Debug, thiserror::Error)]
@@ -225,15 +225,6 @@ fn classify(e: &std::io::Error) -> Refusal {
         Some(libc::ENOLCK) | Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Refusal::Unsupported,
         _ => Refusal::Other,
     }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".to_owned())
 }
 
 /// `2026-12-06 21:03:12 UTC` for Unix seconds `secs` (the civil-from-days

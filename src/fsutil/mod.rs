@@ -45,6 +45,17 @@ fn err<'a>(path: &'a Path, action: &'static str) -> impl FnOnce(std::io::Error) 
     io_err(path, action)
 }
 
+/// This machine's host name (`localhost` when it has none): who holds a
+/// lock, and the name of a TensorBoard event file.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
 /// The directory `path` is in (`.` for a bare name) and its file name: where
 /// the temp files, lock files and moved-aside copies that belong to it go.
 pub fn parent_and_name(path: &Path) -> (&Path, String) {

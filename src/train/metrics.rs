@@ -377,12 +377,7 @@ fn wall_time_now() -> f64 {
 
 /// The host name for the file name, reduced to characters safe in one.
 fn hostname() -> String {
-    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_default();
-    let name: String = raw
-        .trim()
+    crate::fsutil::hostname()
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
@@ -391,12 +386,7 @@ fn hostname() -> String {
                 '_'
             }
         })
-        .collect();
-    if name.is_empty() {
-        "localhost".to_owned()
-    } else {
-        name
-    }
+        .collect()
 }
 
 /// One decoded `tensorflow.Event`.
