@@ -36,7 +36,7 @@ fn cli_check(cfg: &RunConfig, job: Job, file: &Path) -> (bool, String) {
 fn constructor(cfg: &RunConfig, job: Job) -> Result<(), String> {
     let mut loaded = load(cfg, job, &mut Silent).map_err(|e| e.to_string())?;
     loaded
-        .state(cfg, job, Start::New, &mut Silent)
+        .state(Start::New, &mut Silent)
         .map(|_| ())
         .map_err(|e| e.to_string())
 }

@@ -1045,6 +1045,44 @@ impl VllmEngine {
             .map_err(|e| with_log(e, self.log()))?;
         cut_all(comps, &self.tokenizer, params)
     }
+
+    /// `n` completions of each `(fast, prompt, seed)`: every fast weight
+    /// set (a MAML task's θ_i) loaded as its own adapter, all rows sent
+    /// together so the servers batch the adapters at once (row `j` of an
+    /// entry seeded from its `seed` by [`row_seed`]), then unloaded. In
+    /// entry order, `n` per entry; `tag` names the adapters.
+    pub fn generate_adapted(
+        &mut self,
+        policy: &Policy,
+        each: &[(&[(String, tch::Tensor)], &str, u64)],
+        n: usize,
+        params: &GenerationParams,
+        tag: &str,
+    ) -> Result<Vec<Completion>, ModelError> {
+        let mut names = Vec::with_capacity(each.len());
+        let mut ids = Vec::with_capacity(each.len());
+        for (k, (fast, prompt, _)) in each.iter().enumerate() {
+            let name = format!("fast-{tag}-t{k}");
+            self.load_extra(policy, fast, &name)?;
+            names.push(name);
+            ids.push(self.encode(&[prompt.to_string()], params)?);
+        }
+        let mut rows = Vec::with_capacity(each.len() * n);
+        for (k, (_, _, seed)) in each.iter().enumerate() {
+            for j in 0..n {
+                rows.push(Row {
+                    model: &names[k],
+                    prompt: &ids[k][0],
+                    seed: Some(row_seed(*seed, j as u64)),
+                });
+            }
+        }
+        let comps = self.generate_rows(&rows, params);
+        let unloaded = self.unload_extra();
+        let comps = comps?;
+        unloaded?;
+        Ok(comps)
+    }
 }
 
 /// The servers know stop strings but not the end of a code block: cut

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use tch::Tensor;
 
-use super::batch::Rollout;
+use super::scoring::ScoredBatch;
 use super::update::{sft_example, UpdateSeq};
 use super::TrainError;
 use crate::config::RunConfig;
@@ -18,7 +18,7 @@ use crate::memory::long_term::{Experience, Retrieved};
 use crate::memory::short_term::{Batch, Sample};
 use crate::memory::{open_long_term, Access, LongTermMemory, MemoryError, ShortTerm};
 use crate::model::Policy;
-use crate::reward::TokenSpan;
+use crate::reward::{answer_code, TokenSpan};
 use crate::rollout::task_prompt;
 use crate::task::{Task, TaskSet};
 
@@ -69,7 +69,7 @@ impl MetaMemory {
 
     /// Push a rollout's samples (prompt + completion tokens, the sample's
     /// advantage on every completion token, `R_fine` on its span tokens).
-    pub fn remember_samples(&mut self, ro: &Rollout) -> Result<(), TrainError> {
+    pub fn remember_samples(&mut self, ro: &ScoredBatch) -> Result<(), TrainError> {
         let mut rows = Vec::with_capacity(ro.comps.len());
         for (i, c) in ro.comps.iter().enumerate() {
             rows.push(OwnedSeq {
@@ -82,6 +82,52 @@ impl MetaMemory {
             });
         }
         self.remember(&rows)
+    }
+
+    /// The end of a meta-step (Algorithm 1 lines 13 and 15): every sample,
+    /// θ's `support` and each θ_i's `queries[i]` (of `tasks[i]`), joins
+    /// short-term memory, and long-term memory records the evaluated ones
+    /// as step `step`'s: the query samples, or the support samples when
+    /// there are none (no inner steps, so θ_i = θ).
+    pub fn write_back(
+        &mut self,
+        step: u64,
+        tasks: &[&Task],
+        support: &ScoredBatch,
+        queries: &[ScoredBatch],
+    ) -> Result<(), TrainError> {
+        self.remember_samples(support)?;
+        for q in queries {
+            self.remember_samples(q)?;
+        }
+        let Some(lt) = self.long_term.as_mut() else {
+            return Ok(());
+        };
+        let evaluated: Vec<(&ScoredBatch, &[&Task])> = if queries.is_empty() {
+            vec![(support, tasks)]
+        } else {
+            queries.iter().zip(tasks.chunks(1)).collect()
+        };
+        let mut experiences = Vec::new();
+        for (batch, ts) in evaluated {
+            for (j, c) in batch.comps.iter().enumerate() {
+                let task = ts[j / batch.group];
+                experiences.push(Experience {
+                    step,
+                    task_id: task.id.clone(),
+                    task_text: task.prompt.clone(),
+                    code: answer_code(&c.text, c.cut_off()).1.to_owned(),
+                    report: batch.reports[j].clone(),
+                    rewards: batch.breakdowns[j]
+                        .as_ref()
+                        .map(|b| b.terms.clone())
+                        .unwrap_or_default(),
+                });
+            }
+        }
+        lt.insert(&experiences)
+            .map_err(|e| TrainError::Invalid(format!("long-term memory: {e}")))?;
+        Ok(())
     }
 
     pub fn remember(&mut self, rows: &[OwnedSeq]) -> Result<(), TrainError> {

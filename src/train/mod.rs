@@ -8,7 +8,8 @@
 //! - [`step`]: the steps, chosen explicitly by the [`Recipe`] (`[meta]
 //!   algorithm`, or the `sft` subcommand): `step::rl`, `step::meta`
 //!   (`maml` / `fomaml` / `reptile`), `step::sft`. No step imports another;
-//!   what they share is below them: sampling and scoring (`sample`), the
+//!   what they share is below them: generating, running and scoring samples
+//!   (`scoring`, with the step's `timer`), the
 //!   policy update (`update`), the memories (`memories`), the meta-update's
 //!   mathematics (`maml`) and how a step is split over data-parallel ranks
 //!   (`shard`: whole groups per rank, gathered samples, summed gradients).
@@ -24,7 +25,6 @@
 
 pub mod ablate;
 pub mod advantage;
-mod batch;
 mod budget;
 pub mod checkpoint;
 mod events;
@@ -34,10 +34,11 @@ mod memories;
 pub mod metrics;
 pub mod optim;
 mod recipe;
-mod sample;
+mod scoring;
 mod shard;
 mod state;
 pub mod step;
+mod timer;
 mod update;
 
 use crate::config::{ConfigError, Job, MetaAlgorithm, RunConfig};
@@ -270,8 +271,11 @@ pub fn train_tasks(cfg: &RunConfig) -> Result<TaskSet, TrainError> {
 /// What a training session loads before its state: the process group (one
 /// process unless torchrun or Slurm started several), the training and
 /// held-out tasks, the policy (with the run's fresh LoRA adapters, on the
-/// device of this rank's `LOCAL_RANK`) and the sandbox.
+/// device of this rank's `LOCAL_RANK`) and the sandbox; and the config it
+/// checked, for the state.
 pub struct Loaded {
+    cfg: RunConfig,
+    job: Job,
     pub dist: Group,
     pub tasks: TaskSet,
     pub eval_tasks: Option<TaskSet>,
@@ -345,6 +349,8 @@ pub fn load(cfg: &RunConfig, job: Job, observer: &mut dyn Observer) -> Result<Lo
         .collect();
     sandbox.require_modules(&all)?;
     Ok(Loaded {
+        cfg: cfg.clone(),
+        job,
         dist,
         tasks,
         eval_tasks,
@@ -355,17 +361,16 @@ pub fn load(cfg: &RunConfig, job: Job, observer: &mut dyn Observer) -> Result<Lo
 
 impl Loaded {
     /// The run's [`TrainState`] over what was loaded (see
-    /// [`TrainState::new`]), with the held-out tasks attached.
+    /// [`TrainState::new`]; [`load`] checked the config), with the
+    /// held-out tasks attached.
     pub fn state<'a>(
         &'a mut self,
-        cfg: &RunConfig,
-        job: Job,
         start: Start,
         observer: &mut dyn Observer,
     ) -> Result<TrainState<'a>, TrainError> {
-        let state = TrainState::new(
-            cfg.clone(),
-            job,
+        let state = TrainState::open(
+            self.cfg.clone(),
+            self.job,
             &mut self.policy,
             &self.tasks,
             &self.sandbox,
@@ -392,7 +397,7 @@ pub fn train(
 ) -> Result<Outcome, TrainError> {
     let mut loaded = load(cfg, job, observer)?;
     let trained = (|| -> Result<_, TrainError> {
-        let mut state = loaded.state(cfg, job, start, observer)?;
+        let mut state = loaded.state(start, observer)?;
         let records = run(&mut state, observer)?;
         Ok((records, state.recipe, state.step, MemorySummary::of(&state)))
     })();

@@ -19,18 +19,20 @@ use super::events::Observer;
 use super::memories::MetaMemory;
 use super::metrics::{keep_before_step, keep_events};
 use super::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
+use super::scoring::tasks_for_step;
+use super::timer::Timer;
 use super::{Recipe, Start, TrainError};
-use crate::config::{EngineKind, Job, OptimizerKind, RunConfig};
+use crate::config::{EngineKind, Job, OptimizerKind, RunConfig, TrainConfig};
 use crate::dist::Group;
-use crate::exec::Sandbox;
+use crate::exec::{ExecReport, Sandbox};
 use crate::memory::stats::ErrorStats;
 use crate::memory::ShortTerm;
 use crate::model::vllm::{Pending, VllmEngine};
-use crate::model::{weights, ModelSpec, Policy};
+use crate::model::{weights, Generator, ModelSpec, Policy};
 use crate::reward::Rewards;
 use crate::rollout::{training_strategy, Strategy};
 use crate::run_dir::{checkpoint as files, RunDir};
-use crate::task::TaskSet;
+use crate::task::{Task, TaskSet};
 
 /// What a checkpoint's `trainer_state.json` holds besides weights and
 /// optimizer moments.
@@ -308,16 +310,73 @@ fn copy_store(run_dir: &RunDir, to: &Path) -> Result<(), TrainError> {
     Ok(())
 }
 
+/// What a run needs beyond its config's own rules: every rank with the
+/// same config, tasks to train on (with reference solutions for SFT), the
+/// policy prepared as the config says, and the device memory it asks for.
+fn check_run(
+    cfg: &RunConfig,
+    recipe: Recipe,
+    policy: &Policy,
+    tasks: &TaskSet,
+    sandbox: &Sandbox,
+    dist: &Group,
+) -> Result<(), TrainError> {
+    // Before anything is written: ranks with different configs would
+    // silently train different things.
+    dist.require_same("configs", cfg.to_toml_string()?.as_bytes())?;
+    if tasks.is_empty() {
+        return Err(TrainError::Invalid("the task set is empty".into()));
+    }
+    if recipe == Recipe::Sft {
+        if let Some(t) = tasks.iter().find(|t| t.canonical_solution.is_none()) {
+            return Err(TrainError::Invalid(format!(
+                "SFT trains on reference solutions, and task {} has none (keep only tasks \
+                 with `canonical_solution`, e.g. by [tasks] tags)",
+                t.id
+            )));
+        }
+    }
+    if cfg.model.lora.enabled != policy.lora.is_some() {
+        return Err(TrainError::Invalid(
+            "[model.lora] enabled does not match the policy: call prepare_policy first".into(),
+        ));
+    }
+    super::budget::check(cfg, recipe, policy, tasks, sandbox.workers())
+}
+
+/// The optimizer and learning-rate schedule `[train]` names.
+fn optimizer_of(t: &TrainConfig) -> Result<(Box<dyn Optimizer>, LrSchedule), TrainError> {
+    let optimizer: Box<dyn Optimizer> = match t.optimizer {
+        OptimizerKind::Adamw => Box::new(AdamW::new(AdamWConfig {
+            weight_decay: t.weight_decay,
+            ..AdamWConfig::default()
+        })?),
+        OptimizerKind::Sgd => Box::new(Sgd::new(SgdConfig {
+            momentum: 0.0,
+            weight_decay: t.weight_decay,
+        })?),
+    };
+    let schedule = LrSchedule {
+        base_lr: t.lr,
+        warmup_steps: t.warmup_steps,
+        total_steps: t.steps,
+        min_lr_ratio: t.min_lr_ratio,
+        kind: t.schedule,
+    };
+    schedule.validate()?;
+    Ok((optimizer, schedule))
+}
+
 impl<'a> TrainState<'a> {
-    /// Set up the run `cfg` describes for `job` in its run directory. With
-    /// [`Start::Resume`], the newest checkpoint that verifies is loaded (a
-    /// damaged newer one is skipped with a message) and `metrics.jsonl` is
-    /// cut back to it; a new run ([`Start::New`], refused where a run
+    /// Set up the run `cfg` describes for `job` in its run directory, after
+    /// checking the config for `job` (and for the ranks, in a data-parallel
+    /// run). With [`Start::Resume`], the newest checkpoint that verifies is
+    /// loaded (a damaged newer one is skipped with a message) and the logs
+    /// are cut back to it; a new run ([`Start::New`], refused where a run
     /// already is, or [`Start::Overwrite`], which deletes it first) starts
     /// from `[train] init_from` when set. The resolved config is written to
-    /// the run directory.
-    /// A meta-RL run opens its memories here and, when fresh, fills them
-    /// from the reference solutions (Algorithm 1 line 4).
+    /// the run directory. A meta-RL run opens its memories here and, when
+    /// fresh, fills them from the reference solutions (Algorithm 1 line 4).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         cfg: RunConfig,
@@ -330,50 +389,28 @@ impl<'a> TrainState<'a> {
         observer: &mut dyn Observer,
     ) -> Result<Self, TrainError> {
         cfg.check(job)?;
-        let recipe = Recipe::of(&cfg, job)?;
-        // Before anything is written: ranks with different configs would
-        // silently train different things.
-        dist.require_same("configs", cfg.to_toml_string()?.as_bytes())?;
         if dist.world() > 1 {
-            super::shard::check(&cfg, recipe, dist.world())?;
+            super::shard::check(&cfg, Recipe::of(&cfg, job)?, dist.world())?;
         }
-        if tasks.is_empty() {
-            return Err(TrainError::Invalid("the task set is empty".into()));
-        }
-        if recipe == Recipe::Sft {
-            if let Some(t) = tasks.iter().find(|t| t.canonical_solution.is_none()) {
-                return Err(TrainError::Invalid(format!(
-                    "SFT trains on reference solutions, and task {} has none (keep only tasks \
-                     with `canonical_solution`, e.g. by [tasks] tags)",
-                    t.id
-                )));
-            }
-        }
-        if cfg.model.lora.enabled != policy.lora.is_some() {
-            return Err(TrainError::Invalid(
-                "[model.lora] enabled does not match the policy: call prepare_policy first".into(),
-            ));
-        }
-        super::budget::check(&cfg, recipe, policy, tasks, sandbox.workers())?;
-        let t = &cfg.train;
-        let optimizer: Box<dyn Optimizer> = match t.optimizer {
-            OptimizerKind::Adamw => Box::new(AdamW::new(AdamWConfig {
-                weight_decay: t.weight_decay,
-                ..AdamWConfig::default()
-            })?),
-            OptimizerKind::Sgd => Box::new(Sgd::new(SgdConfig {
-                momentum: 0.0,
-                weight_decay: t.weight_decay,
-            })?),
-        };
-        let schedule = LrSchedule {
-            base_lr: t.lr,
-            warmup_steps: t.warmup_steps,
-            total_steps: t.steps,
-            min_lr_ratio: t.min_lr_ratio,
-            kind: t.schedule,
-        };
-        schedule.validate()?;
+        Self::open(cfg, job, policy, tasks, sandbox, dist, start, observer)
+    }
+
+    /// [`TrainState::new`] for a config already checked for `job` (and for
+    /// the ranks), as [`super::load`] does before the model loads.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn open(
+        cfg: RunConfig,
+        job: Job,
+        policy: &'a mut Policy,
+        tasks: &'a TaskSet,
+        sandbox: &'a Sandbox,
+        dist: &'a Group,
+        start: Start,
+        observer: &mut dyn Observer,
+    ) -> Result<Self, TrainError> {
+        let recipe = Recipe::of(&cfg, job)?;
+        check_run(&cfg, recipe, policy, tasks, sandbox, dist)?;
+        let (optimizer, schedule) = optimizer_of(&cfg.train)?;
         let error_stats =
             ErrorStats::new(cfg.memory.p_error).map_err(|e| TrainError::Invalid(e.to_string()))?;
         let rewards = Rewards::new::<Policy>(&cfg.reward, None)?;
@@ -386,7 +423,6 @@ impl<'a> TrainState<'a> {
             Ok(())
         };
         super::shard::agree(dist, setup, "setting up the run directory")?;
-        let resume = start == Start::Resume;
         let mut me = TrainState {
             cfg,
             recipe,
@@ -408,37 +444,19 @@ impl<'a> TrainState<'a> {
             engine: None,
             pending: None,
         };
-        let leftovers = if me.dist.is_main() {
-            checkpoint::remove_leftovers(me.run_dir.path())
-        } else {
-            Vec::new()
-        };
-        for gone in leftovers {
-            observer.on_message(&format!(
-                "cleared what an interrupted write left: {}",
-                gone.display()
-            ));
-        }
-        let mut resumed_from = None;
-        if resume {
-            let found = checkpoint::latest_valid(me.run_dir.path(), |w| observer.on_message(&w))?;
-            match found {
-                Some((step, dir)) => {
-                    me.load_checkpoint(&dir)?;
-                    resumed_from = Some(dir.clone());
-                    if me.step != step {
-                        return Err(TrainError::Invalid(format!(
-                            "{}: trainer state says step {}",
-                            dir.display(),
-                            me.step
-                        )));
-                    }
-                    observer.on_message(&format!("resumed from {} (step {step})", dir.display()));
-                }
-                None => observer.on_message("no checkpoint to resume from; starting at step 0"),
+        if me.dist.is_main() {
+            for gone in checkpoint::remove_leftovers(me.run_dir.path()) {
+                observer.on_message(&format!(
+                    "cleared what an interrupted write left: {}",
+                    gone.display()
+                ));
             }
         }
-        // Every rank must resume the same step (a run directory on a
+        let resumed_from = match start {
+            Start::Resume => me.resume(observer)?,
+            _ => None,
+        };
+        // Every rank must start from the same step (a run directory on a
         // filesystem that all nodes share).
         me.dist.require_same(
             &format!(
@@ -450,88 +468,149 @@ impl<'a> TrainState<'a> {
             &me.step.to_le_bytes(),
         )?;
         if me.step == 0 {
-            if let Some(init) = me.cfg.train.init_from.clone() {
-                checkpoint::verify(&init)?;
-                load_trainable(me.policy, &init.join(files::WEIGHTS))?;
-                observer.on_message(&format!("initial weights from {}", init.display()));
-            }
+            me.init_from(observer)?;
         }
-        me.strategy = training_strategy(&me.cfg)
-            .map_err(|e| TrainError::Invalid(format!("[train] strategy: {e}")))?;
-        if let (Some(r), Some(dir)) = (me.strategy.as_mut(), &resumed_from) {
-            let path = dir.join(files::ROLLOUT_STATE);
-            let text = std::fs::read_to_string(&path).map_err(|e| {
-                TrainError::Invalid(format!(
-                    "{}: {e} (a run with [train] strategy = \"{}\" saves its rollout state there)",
-                    path.display(),
-                    me.cfg.train.strategy.name()
-                ))
-            })?;
-            let state = serde_json::from_str(&text)
-                .map_err(|e| TrainError::Invalid(format!("{}: {e}", path.display())))?;
-            r.load_state(state)
-                .map_err(|e| TrainError::Invalid(format!("{}: {e}", path.display())))?;
-        }
+        me.open_strategy(resumed_from.as_deref())?;
         if let Recipe::Meta(_) = me.recipe {
-            // Rank 0 keeps the run's store; every other rank a private
-            // copy taken before rank 0 opens (and may write) it, which then
-            // receives the same inserts (every rank inserts every task's
-            // samples, gathered).
-            let dir = if me.dist.is_main() {
-                me.run_dir.path().to_path_buf()
-            } else {
-                let d = rank_scratch(me.dist.rank())?;
-                copy_store(&me.run_dir, &d)?;
-                me.scratch = Some(d.clone());
-                d
-            };
-            me.dist.barrier()?;
-            let mut mem = MetaMemory::open(&me.cfg, &dir, me.step, me.policy.device())?;
-            match &resumed_from {
-                Some(dir) => {
-                    mem.short_term =
-                        ShortTerm::load(&dir.join(files::SHORT_TERM), me.policy.device())
-                            .map_err(|e| TrainError::Invalid(format!("short-term memory: {e}")))?;
-                }
-                None => {
-                    let n =
-                        mem.populate(me.policy, me.tasks, me.sandbox, &me.cfg.train.instruction)?;
-                    if n > 0 {
-                        observer.on_message(&format!(
-                            "memory: {n} reference solutions as demonstrations (Algorithm 1 line 4)"
-                        ));
-                    }
-                }
-            }
-            me.memory = Some(mem);
+            me.open_memory(resumed_from.as_deref(), observer)?;
         }
         if me.dist.is_main() {
             forget_after(&me.run_dir, me.step)?;
         }
         if me.cfg.rollout.engine == EngineKind::Vllm && me.recipe != Recipe::Sft {
-            let rank = me.dist.rank();
-            let engine = VllmEngine::start(
-                &me.cfg.rollout.vllm,
-                me.policy,
-                me.step,
-                // A meta-step's K fast adapters, and θ's.
-                me.cfg.train.tasks_per_step + 1,
-                &me.run_dir.vllm(rank),
-                &me.run_dir.vllm_log(rank),
-                &mut |m| observer.on_message(m),
-            )?;
-            me.engine = Some(engine);
-            if me.cfg.rollout.vllm.overlap {
-                if me.dist.world() > 1 {
-                    return Err(TrainError::Invalid(
-                        "[rollout.vllm] overlap runs in one process only for now".into(),
-                    ));
-                }
-                // The adapter of the generation in flight outlives one sync.
-                me.engine.as_mut().expect("just set").keep_previous(1);
-            }
+            me.start_engine(observer)?;
         }
         Ok(me)
+    }
+
+    /// Load the newest checkpoint that verifies (`None`: there is none, and
+    /// the run starts at step 0).
+    fn resume(&mut self, observer: &mut dyn Observer) -> Result<Option<PathBuf>, TrainError> {
+        let found = checkpoint::latest_valid(self.run_dir.path(), |w| observer.on_message(&w))?;
+        let resumed_from = match found {
+            Some((step, dir)) => {
+                self.load_checkpoint(&dir)?;
+                if self.step != step {
+                    return Err(TrainError::Invalid(format!(
+                        "{}: trainer state says step {}",
+                        dir.display(),
+                        self.step
+                    )));
+                }
+                observer.on_message(&format!("resumed from {} (step {step})", dir.display()));
+                Some(dir)
+            }
+            None => {
+                observer.on_message("no checkpoint to resume from; starting at step 0");
+                None
+            }
+        };
+        Ok(resumed_from)
+    }
+
+    /// A fresh run's weights from `[train] init_from`, when set.
+    fn init_from(&mut self, observer: &mut dyn Observer) -> Result<(), TrainError> {
+        if let Some(init) = self.cfg.train.init_from.clone() {
+            checkpoint::verify(&init)?;
+            load_trainable(self.policy, &init.join(files::WEIGHTS))?;
+            observer.on_message(&format!("initial weights from {}", init.display()));
+        }
+        Ok(())
+    }
+
+    /// The rollout strategy of `[train] strategy`, with what it learned
+    /// before the checkpoint `resumed_from`.
+    fn open_strategy(&mut self, resumed_from: Option<&Path>) -> Result<(), TrainError> {
+        self.strategy = training_strategy(&self.cfg)
+            .map_err(|e| TrainError::Invalid(format!("[train] strategy: {e}")))?;
+        let (Some(r), Some(dir)) = (self.strategy.as_mut(), resumed_from) else {
+            return Ok(());
+        };
+        let path = dir.join(files::ROLLOUT_STATE);
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            TrainError::Invalid(format!(
+                "{}: {e} (a run with [train] strategy = \"{}\" saves its rollout state there)",
+                path.display(),
+                self.cfg.train.strategy.name()
+            ))
+        })?;
+        let state = serde_json::from_str(&text)
+            .map_err(|e| TrainError::Invalid(format!("{}: {e}", path.display())))?;
+        r.load_state(state)
+            .map_err(|e| TrainError::Invalid(format!("{}: {e}", path.display())))
+    }
+
+    /// A meta-RL run's memories: short-term rows from the checkpoint
+    /// `resumed_from`, or, for a fresh run, both memories filled from the
+    /// reference solutions (Algorithm 1 line 4).
+    fn open_memory(
+        &mut self,
+        resumed_from: Option<&Path>,
+        observer: &mut dyn Observer,
+    ) -> Result<(), TrainError> {
+        // Rank 0 keeps the run's store; every other rank a private copy
+        // taken before rank 0 opens (and may write) it, which then receives
+        // the same inserts (every rank inserts every task's samples,
+        // gathered).
+        let dir = if self.dist.is_main() {
+            self.run_dir.path().to_path_buf()
+        } else {
+            let d = rank_scratch(self.dist.rank())?;
+            copy_store(&self.run_dir, &d)?;
+            self.scratch = Some(d.clone());
+            d
+        };
+        self.dist.barrier()?;
+        let mut mem = MetaMemory::open(&self.cfg, &dir, self.step, self.policy.device())?;
+        match resumed_from {
+            Some(dir) => {
+                mem.short_term =
+                    ShortTerm::load(&dir.join(files::SHORT_TERM), self.policy.device())
+                        .map_err(|e| TrainError::Invalid(format!("short-term memory: {e}")))?;
+            }
+            None => {
+                let n = mem.populate(
+                    self.policy,
+                    self.tasks,
+                    self.sandbox,
+                    &self.cfg.train.instruction,
+                )?;
+                if n > 0 {
+                    observer.on_message(&format!(
+                        "memory: {n} reference solutions as demonstrations (Algorithm 1 line 4)"
+                    ));
+                }
+            }
+        }
+        self.memory = Some(mem);
+        Ok(())
+    }
+
+    /// Start (or reach) the vLLM servers this rank's rollouts go to.
+    fn start_engine(&mut self, observer: &mut dyn Observer) -> Result<(), TrainError> {
+        let rank = self.dist.rank();
+        let mut engine = VllmEngine::start(
+            &self.cfg.rollout.vllm,
+            self.policy,
+            self.step,
+            // A meta-step's K fast adapters, and θ's.
+            self.cfg.train.tasks_per_step + 1,
+            &self.run_dir.vllm(rank),
+            &self.run_dir.vllm_log(rank),
+            &mut |m| observer.on_message(m),
+        )?;
+        if self.cfg.rollout.vllm.overlap {
+            if self.dist.world() > 1 {
+                self.engine = Some(engine);
+                return Err(TrainError::Invalid(
+                    "[rollout.vllm] overlap runs in one process only for now".into(),
+                ));
+            }
+            // The adapter of the generation in flight outlives one sync.
+            engine.keep_previous(1);
+        }
+        self.engine = Some(engine);
+        Ok(())
     }
 
     /// The held-out tasks of `eval_before` / `eval_after` / `eval_every`.
@@ -554,6 +633,45 @@ impl<'a> TrainState<'a> {
     /// The seed of step `step`.
     pub(super) fn seed_at(&self, step: u64) -> u64 {
         mix(self.cfg.run.seed, step)
+    }
+
+    /// The tasks of the current step.
+    pub fn step_tasks(&self) -> Vec<&'a Task> {
+        self.tasks_at(self.step)
+    }
+
+    /// The tasks of step `step` ([`tasks_for_step`]).
+    pub(super) fn tasks_at(&self, step: u64) -> Vec<&'a Task> {
+        let t = &self.cfg.train;
+        tasks_for_step(self.tasks.len(), t.tasks_per_step, self.cfg.run.seed, step)
+            .into_iter()
+            .map(|i| &self.tasks.iter().as_slice()[i])
+            .collect()
+    }
+
+    /// Let `P_error` see `reports` (in order).
+    pub fn observe_errors<'r>(&mut self, reports: impl IntoIterator<Item = &'r ExecReport>) {
+        for r in reports {
+            self.error_stats.observe(r);
+        }
+    }
+
+    /// What generates now: the vLLM engine, else the policy itself.
+    pub fn generator(&self) -> &dyn Generator {
+        match &self.engine {
+            Some(e) => e,
+            None => &*self.policy,
+        }
+    }
+
+    /// Bring a vLLM engine's servers to the policy as it is now (version:
+    /// the step), its seconds as `sync`. Nothing without an engine.
+    pub fn sync_engine(&mut self, timer: &mut Timer) -> Result<(), TrainError> {
+        if let Some(e) = self.engine.as_mut() {
+            let secs = e.sync(self.policy, self.step)?;
+            timer.add("sync", secs);
+        }
+        Ok(())
     }
 
     fn load_checkpoint(&mut self, dir: &Path) -> Result<(), TrainError> {

@@ -7,18 +7,14 @@
 //! one batched pass. The outcomes go to both memories.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 use tch::Tensor;
 
-use crate::config::{MetaAlgorithm, MetaPrompt, TrainConfig};
-use crate::memory::long_term::{Experience, Retrieved};
-use crate::model::vllm::{row_seed, Row};
+use crate::config::{MetaAlgorithm, MetaConfig, MetaPrompt, TrainConfig};
+use crate::memory::long_term::Retrieved;
 use crate::model::Policy;
-use crate::reward::answer_code;
 use crate::rollout::{falcon_prompts, task_prompt};
 use crate::task::Task;
-use crate::train::batch::Rollout;
 use crate::train::events::StepRecord;
 use crate::train::maml::{
     adapt, carry_back, meta_backward, query_gradients, reptile_update, Adapted, InnerLoop,
@@ -27,8 +23,12 @@ use crate::train::maml::{
 use crate::train::memories::{demonstrations, OwnedSeq};
 use crate::train::metrics::JsonlWriter;
 use crate::train::optim::{clip_grad_norm, zero_grad};
+use crate::train::scoring::{
+    execute, generate, generate_adapted, log_samples, record, score, ScoredBatch,
+};
 use crate::train::shard;
 use crate::train::state::mix;
+use crate::train::timer::Timer;
 use crate::train::update::{add_terms, seqs_loss, seqs_loss_batched, UpdateSeq};
 use crate::train::{trainable, TrainError, TrainState};
 
@@ -119,82 +119,58 @@ fn loss_of<'a>(seqs: &'a [UpdateSeq<'a>], t: &'a TrainConfig) -> impl PieceLoss 
     }
 }
 
-/// Line 12: `q` samples of `task` (from `seed`) with its fast weights
-/// swapped in, by this rank alone and scored with `P_error` as θ's samples
-/// left it (the step observes every task's afterwards); the seconds they
-/// took are added to `outside` (they are not the update's).
-fn sample_at(
+/// Line 12: `q` samples of each `(θ_i, task, prompt, seed)`, by this rank
+/// alone, run and scored with `P_error` as θ's samples left it (the step
+/// observes every task's afterwards, once every rank's are in).
+fn query_samples(
     s: &mut TrainState,
-    fast: &Weights,
-    task: &Task,
-    prompts: &[String],
-    (q, seed): (usize, u64),
-    seconds: &mut BTreeMap<String, f64>,
-    outside: &mut f64,
-) -> Result<Rollout, TrainError> {
-    let before: f64 = seconds.values().sum();
-    let qr = if s.engine.is_some() {
-        // The vLLM engine serves θ_i as an adapter of its own.
-        sample_all_on_engine(s, &[(fast, task, prompts, seed)], q, seconds).map(|mut v| v.remove(0))
-    } else {
-        let mut slot: Weights = fast
-            .iter()
-            .map(|(n, x)| (n.clone(), x.shallow_clone()))
-            .collect();
-        s.policy.swap_adapters(&mut slot)?;
-        let qr = s.sample_alone(&[task], prompts, q, seed, seconds);
-        s.policy.swap_adapters(&mut slot)?;
-        qr
-    };
-    *outside += seconds.values().sum::<f64>() - before;
-    qr
-}
-
-/// Line 12 for several tasks on the vLLM engine: each task's fast weights
-/// θ_i loaded as its own adapter, and every task's `q` samples (task i's
-/// seeded from its `seed`) sent together, so the server batches the K
-/// adapters at once; then unloaded. Run and scored by this rank alone,
-/// as [`sample_at`].
-fn sample_all_on_engine(
-    s: &mut TrainState,
-    each: &[(&Weights, &Task, &[String], u64)],
+    each: &[(&Weights, &Task, &String, u64)],
     q: usize,
-    seconds: &mut BTreeMap<String, f64>,
-) -> Result<Vec<Rollout>, TrainError> {
-    let params = crate::rollout::generation_params(&s.cfg.generation, 0);
-    let t0 = Instant::now();
-    let step = s.step;
-    let engine = s.engine.as_mut().expect("called with an engine");
-    let mut names = Vec::with_capacity(each.len());
-    let mut ids = Vec::with_capacity(each.len());
-    for (k, (fast, _, prompts, _)) in each.iter().enumerate() {
-        let name = format!("fast-s{step}-t{k}");
-        engine.load_extra(s.policy, fast, &name)?;
-        names.push(name);
-        ids.push(engine.encode(prompts, &params)?);
-    }
-    let mut rows = Vec::with_capacity(each.len() * q);
-    for (k, (_, _, _, seed)) in each.iter().enumerate() {
-        for j in 0..q {
-            rows.push(Row {
-                model: &names[k],
-                prompt: &ids[k][0],
-                seed: Some(row_seed(*seed, j as u64)),
-            });
-        }
-    }
-    let comps = engine.generate_rows(&rows, &params);
-    let unloaded = engine.unload_extra();
-    let mut comps = comps?;
-    unloaded?;
-    *seconds.entry("generate".to_owned()).or_insert(0.0) += t0.elapsed().as_secs_f64();
+    timer: &mut Timer,
+) -> Result<Vec<ScoredBatch>, TrainError> {
+    let generated = generate_adapted(s, each, q, timer)?;
     let mut out = Vec::with_capacity(each.len());
-    for (_, task, _, _) in each.iter() {
-        let rest = comps.split_off(q);
-        out.push(s.score_alone(&[task], comps, q, seconds)?);
-        comps = rest;
+    for (gen, (_, task, _, _)) in generated.into_iter().zip(each) {
+        let (gen, reports) = execute(s, &[task], gen, timer)?;
+        out.push(score(s, gen, reports, timer)?);
     }
     Ok(out)
+}
+
+/// How this step runs Algorithm 1 (`[meta]`): the inner loop, the query
+/// size, and whether the K query losses go in one batched pass.
+struct Plan {
+    inner: InnerLoop,
+    q: usize,
+    second_order: bool,
+    reptile: bool,
+    /// `[meta] batch_tasks`: every θ_i first, then one batched meta-loss
+    /// (Reptile and `inner_steps = 0` have no query loss to batch).
+    batched: bool,
+    /// Batched on the vLLM engine: the K query generations wait for every
+    /// θ_i and go to the servers as one batch of K adapters.
+    defer_queries: bool,
+}
+
+impl Plan {
+    fn of(m: &MetaConfig, group: usize, on_engine: bool) -> Self {
+        let batched = m.batch_tasks && m.inner_steps > 0 && m.algorithm != MetaAlgorithm::Reptile;
+        Plan {
+            inner: InnerLoop {
+                steps: m.inner_steps,
+                lr: m.inner_lr,
+            },
+            q: if m.query_size == 0 {
+                group
+            } else {
+                m.query_size
+            },
+            second_order: m.algorithm == MetaAlgorithm::Maml,
+            reptile: m.algorithm == MetaAlgorithm::Reptile,
+            batched,
+            defer_queries: batched && on_engine,
+        }
+    }
 }
 
 /// One meta-step of Algorithm 1 over the step's task batch; its samples
@@ -209,76 +185,87 @@ pub fn step(
     tch::manual_seed(seed as i64);
     let tasks = s.step_tasks();
     let (prompts, hits) = prompts(s, &tasks)?;
-    let mut seconds = BTreeMap::new();
+    let mut timer = Timer::default();
     let g = t.group_size;
-    // Line 8: generate with θ and record in short-term memory (after the
-    // inner mini-batches are drawn, so they come from earlier steps).
-    let support = s.sample(&tasks, &prompts, g, seed, &mut seconds)?;
-    let q = if m.query_size == 0 { g } else { m.query_size };
-    let inner = InnerLoop {
-        steps: m.inner_steps,
-        lr: m.inner_lr,
-    };
-    let second_order = m.algorithm == MetaAlgorithm::Maml;
+    let plan = Plan::of(&m, g, s.engine.is_some());
+
+    // Line 8: samples of every task with θ; P_error sees them first.
+    let share = shard::local(s.dist, tasks.len());
+    let generated = generate(s, &tasks, &prompts, g, seed, share, &mut timer)?;
+    let (generated, reports) = execute(s, &tasks, generated, &mut timer)?;
+    s.observe_errors(&reports);
+    let support = score(s, generated, reports, &mut timer)?;
+
     let theta = trainable(s.policy);
     zero_grad(&theta);
-    let t_update = Instant::now();
+    let update = timer.span();
+    // Line 9: each task's inner mini-batch, its own samples, short-term
+    // rows and passing neighbours from long-term memory (this step's
+    // samples join memory at its end, so the rows come from earlier steps).
+    let extras = all_extras(s, &tasks, &hits)?;
+    let support_seqs = support.seqs();
+    let local = shard::local(s.dist, tasks.len());
+    let batches: Vec<Vec<UpdateSeq>> = local
+        .clone()
+        .map(|i| inner_batch(&support_seqs[i * g..(i + 1) * g], &extras[i]))
+        .collect();
+    let inner_loss_of = |k: usize| loss_of(&batches[k], &t);
     let mut loss: BTreeMap<String, f64> = BTreeMap::new();
     let mut inner_first = 0.0;
-    let mut adapted = Vec::new();
-    let mut queries: Vec<Rollout> = Vec::with_capacity(tasks.len());
-    let support_seqs = support.seqs();
-    let mut outside = 0.0;
-    // This rank's tasks (all of them on one process).
-    let local = shard::local(s.dist, tasks.len());
-    if m.batch_tasks && m.inner_steps > 0 && m.algorithm != MetaAlgorithm::Reptile {
-        // Line 9 for every task first: what short-term memory and the
-        // demonstrations give a task does not depend on other tasks'
-        // adaptations, so the draws are the loop's own.
-        let extras = all_extras(s, &tasks, &hits)?;
-        let batches: Vec<Vec<UpdateSeq>> = local
-            .clone()
-            .map(|i| inner_batch(&support_seqs[i * g..(i + 1) * g], &extras[i]))
-            .collect();
-        let inner_loss_of = |i: usize| loss_of(&batches[i - local.start], &t);
-        // Lines 10–12 per task: adapt, then sample with θ_i.
-        let mut ads: Vec<Adapted> = Vec::with_capacity(local.len());
-        let on_engine = s.engine.is_some();
-        if on_engine {
-            // On vLLM, every θ_i first, then their samples in one batch.
-            for i in local.clone() {
-                let ad = adapt(s.policy, &theta, &inner, inner_loss_of(i))?;
-                inner_first += ad.losses.first().copied().unwrap_or(0.0) / tasks.len() as f64;
-                ads.push(ad);
-            }
-            let before: f64 = seconds.values().sum();
-            let each: Vec<(&Weights, &Task, &[String], u64)> = local
-                .clone()
-                .zip(&ads)
-                .map(|(i, ad)| (&ad.fast, tasks[i], &prompts[i..=i], mix(seed, i as u64 + 1)))
-                .collect();
-            queries = sample_all_on_engine(s, &each, q, &mut seconds)?;
-            outside += seconds.values().sum::<f64>() - before;
-        }
-        for i in local.clone().filter(|_| !on_engine) {
-            let task = tasks[i];
-            let ad = adapt(s.policy, &theta, &inner, inner_loss_of(i))?;
-            inner_first += ad.losses.first().copied().unwrap_or(0.0) / tasks.len() as f64;
-            let seed_i = mix(seed, i as u64 + 1);
-            let qr = sample_at(
-                s,
-                &ad.fast,
-                task,
-                &prompts[i..=i],
-                (q, seed_i),
-                &mut seconds,
-                &mut outside,
+    let mut ads: Vec<Adapted> = Vec::new();
+    let mut queries: Vec<ScoredBatch> = Vec::with_capacity(tasks.len());
+    let mut reptile_fast: Vec<Weights> = Vec::new();
+    for (k, i) in local.clone().enumerate() {
+        if plan.inner.steps == 0 {
+            // θ_i = θ: FALCON's memories and rewards in a single-level
+            // update (the "without the meta-loop" arm); no query samples.
+            let identity = Adapted::identity(&theta);
+            let inner = inner_loss_of(k);
+            let parts = meta_backward(
+                s.policy,
+                &theta,
+                &identity,
+                &plan.inner,
+                false,
+                inner,
+                inner,
             )?;
-            queries.push(qr);
+            add_terms(&mut loss, parts);
+            continue;
+        }
+        // Lines 10–11: θ_i from θ on the inner mini-batch.
+        let ad = adapt(s.policy, &theta, &plan.inner, inner_loss_of(k))?;
+        inner_first += ad.losses.first().copied().unwrap_or(0.0) / tasks.len() as f64;
+        if plan.defer_queries {
+            ads.push(ad);
+            continue;
+        }
+        // Line 12: evaluate θ_i on T_i.
+        let each = [(&ad.fast, tasks[i], &prompts[i], mix(seed, i as u64 + 1))];
+        let query = query_samples(s, &each, plan.q, &mut timer)?.remove(0);
+        if !plan.batched {
+            // Line 14 for this task: L_inner(θ_i) on its query samples.
+            let qs = query.seqs();
+            let losses = (inner_loss_of(k), loss_of(&qs, &t));
+            let parts = task_meta_loss(s, &plan, &theta, ad, losses, &mut reptile_fast)?;
+            add_terms(&mut loss, parts);
+        } else {
             ads.push(ad);
         }
-        // Line 14: every task's query loss at its θ_i in one batched pass.
-        let qs: Vec<Vec<UpdateSeq>> = queries.iter().map(Rollout::seqs).collect();
+        queries.push(query);
+    }
+    if plan.defer_queries {
+        let each: Vec<(&Weights, &Task, &String, u64)> = local
+            .clone()
+            .zip(&ads)
+            .map(|(i, ad)| (&ad.fast, tasks[i], &prompts[i], mix(seed, i as u64 + 1)))
+            .collect();
+        queries = query_samples(s, &each, plan.q, &mut timer)?;
+    }
+    if plan.batched {
+        // Line 14: L_meta = Σ_i L_inner(θ_i), every task's query loss at its
+        // θ_i in one batched pass, each carried back to θ.
+        let qs: Vec<Vec<UpdateSeq>> = queries.iter().map(ScoredBatch::seqs).collect();
         let qrefs: Vec<&[UpdateSeq]> = qs.iter().map(Vec::as_slice).collect();
         let ad_refs: Vec<&Adapted> = ads.iter().collect();
         let (vs, parts) = query_gradients(s.policy, &ad_refs, |p, fast, sink| {
@@ -293,85 +280,14 @@ pub fn step(
             )
         })?;
         for (k, v) in vs.into_iter().enumerate() {
-            carry_back(
-                s.policy,
-                &theta,
-                &ads[k],
-                &inner,
-                second_order,
-                inner_loss_of(local.start + k),
-                v,
-            )?;
+            let (inner, order) = (&plan.inner, plan.second_order);
+            carry_back(s.policy, &theta, &ads[k], inner, order, inner_loss_of(k), v)?;
         }
         for p in parts {
             add_terms(&mut loss, p);
         }
-    } else {
-        // Line 9: the task's own samples, short-term rows, and passing
-        // neighbours from long-term memory.
-        let extras = all_extras(s, &tasks, &hits)?;
-        for i in local.clone() {
-            let task = tasks[i];
-            let batch = inner_batch(&support_seqs[i * g..(i + 1) * g], &extras[i]);
-            let inner_loss = loss_of(&batch, &t);
-            if m.inner_steps == 0 {
-                // No adaptation (θ_i = θ): FALCON's memories and rewards in
-                // a single-level update, the "without the meta-loop" arm.
-                let parts = meta_backward(
-                    s.policy,
-                    &theta,
-                    &Adapted::identity(&theta),
-                    &inner,
-                    false,
-                    inner_loss,
-                    inner_loss,
-                )?;
-                add_terms(&mut loss, parts);
-                continue;
-            }
-            // Lines 10–11.
-            let ad = adapt(s.policy, &theta, &inner, inner_loss)?;
-            inner_first += ad.losses.first().copied().unwrap_or(0.0) / tasks.len() as f64;
-            // Line 12: evaluate θ_i on T_i.
-            let seed_i = mix(seed, i as u64 + 1);
-            let qr = sample_at(
-                s,
-                &ad.fast,
-                task,
-                &prompts[i..=i],
-                (q, seed_i),
-                &mut seconds,
-                &mut outside,
-            )?;
-            // Line 14: L_meta = Σ_i L_inner(θ_i) on the evaluation samples.
-            let qs = qr.seqs();
-            let mut query_loss = loss_of(&qs, &t);
-            let parts = match m.algorithm {
-                MetaAlgorithm::Reptile => {
-                    // Logged only: Reptile's update does not use the query loss.
-                    let parts = tch::no_grad(|| {
-                        s.policy
-                            .with_adapters(&ad.fast, |p| query_loss(p, &mut |_| Ok(())))
-                    })??;
-                    adapted.push(ad.fast);
-                    parts
-                }
-                _ => meta_backward(
-                    s.policy,
-                    &theta,
-                    &ad,
-                    &inner,
-                    second_order,
-                    inner_loss,
-                    query_loss,
-                )?,
-            };
-            drop(qs);
-            add_terms(&mut loss, parts);
-            queries.push(qr);
-        }
     }
-    if m.inner_steps > 0 {
+    if plan.inner.steps > 0 {
         loss.insert("inner".into(), inner_first);
     }
     // The ranks' tasks together: the loss terms and gradients add up to the
@@ -383,9 +299,11 @@ pub fn step(
     for qr in &queries {
         s.observe_errors(&qr.reports);
     }
+
+    // Line 14: the outer update.
     let lr = s.schedule.lr_at(s.step);
-    let grad_norm = if m.algorithm == MetaAlgorithm::Reptile {
-        reptile_update(&theta, &adapted, m.reptile_eps)?;
+    let grad_norm = if plan.reptile {
+        reptile_update(&theta, &reptile_fast, m.reptile_eps)?;
         0.0
     } else {
         shard::sum_grads(s.dist, &theta, s.cfg.dist.bucket_bytes())?;
@@ -396,57 +314,38 @@ pub fn step(
         zero_grad(&theta);
         n
     };
-    seconds.insert(
-        "update".to_owned(),
-        (t_update.elapsed().as_secs_f64() - outside).max(0.0),
-    );
+    timer.end_span("update", update);
+
     // Outcomes go to both memories.
     let mem = s.memory.as_mut().expect("meta runs have memory");
-    mem.remember_samples(&support)?;
-    for qr in &queries {
-        mem.remember_samples(qr)?;
-    }
-    // Long-term memory records the evaluated samples: θ_i's, or θ's own
-    // when there is no adaptation (inner_steps = 0).
-    let evaluated: Vec<(&Rollout, &[&Task])> = if queries.is_empty() {
-        vec![(&support, &tasks[..])]
-    } else {
-        queries
-            .iter()
-            .enumerate()
-            .map(|(i, qr)| (qr, &tasks[i..=i]))
-            .collect()
-    };
-    let mut experiences = Vec::new();
-    for (ro, ts) in evaluated {
-        for (j, c) in ro.comps.iter().enumerate() {
-            let task = ts[j / ro.group];
-            experiences.push(Experience {
-                step: s.step + 1,
-                task_id: task.id.clone(),
-                task_text: task.prompt.clone(),
-                code: answer_code(&c.text, c.cut_off()).1.to_owned(),
-                report: ro.reports[j].clone(),
-                rewards: ro.breakdowns[j]
-                    .as_ref()
-                    .map(|b| b.terms.clone())
-                    .unwrap_or_default(),
-            });
-        }
-    }
-    if let Some(lt) = mem.long_term.as_mut() {
-        lt.insert(&experiences)
-            .map_err(|e| TrainError::Invalid(format!("long-term memory: {e}")))?;
-    }
-    let mut logged: Vec<(&Rollout, &[&Task])> = vec![(&support, &tasks)];
-    logged.extend(
-        queries
-            .iter()
-            .enumerate()
-            .map(|(i, qr)| (qr, &tasks[i..=i])),
-    );
-    s.log_samples(samples_log, &logged)?;
-    let mut all: Vec<&Rollout> = vec![&support];
+    mem.write_back(s.step + 1, &tasks, &support, &queries)?;
+    let mut logged: Vec<(&ScoredBatch, &[&Task])> = vec![(&support, &tasks)];
+    logged.extend(queries.iter().zip(tasks.chunks(1)));
+    log_samples(s.step, samples_log, &logged)?;
+    let mut all: Vec<&ScoredBatch> = vec![&support];
     all.extend(queries.iter());
-    Ok(s.record(lr, loss, grad_norm, &all, seconds))
+    Ok(record(s.step, lr, loss, grad_norm, &all, timer))
+}
+
+/// Line 14 for one task: its query loss at θ_i carried back to θ (first or
+/// second order); Reptile only logs the query loss and keeps θ_i, for its
+/// move of θ toward the mean θ_i.
+fn task_meta_loss(
+    s: &mut TrainState,
+    plan: &Plan,
+    theta: &[(String, Tensor)],
+    ad: Adapted,
+    (inner_loss, mut query_loss): (impl PieceLoss, impl PieceLoss),
+    reptile_fast: &mut Vec<Weights>,
+) -> Result<BTreeMap<String, f64>, TrainError> {
+    if plan.reptile {
+        let parts = tch::no_grad(|| {
+            s.policy
+                .with_adapters(&ad.fast, |p| query_loss(p, &mut |_| Ok(())))
+        })??;
+        reptile_fast.push(ad.fast);
+        return Ok(parts);
+    }
+    let (inner, order) = (&plan.inner, plan.second_order);
+    meta_backward(s.policy, theta, &ad, inner, order, inner_loss, query_loss)
 }

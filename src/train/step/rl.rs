@@ -3,12 +3,14 @@
 //! samples each → sandbox → rewards by name → advantages → losses →
 //! optimizer step.
 
-use std::collections::BTreeMap;
 use std::time::Instant;
 
 use crate::rollout::task_prompt;
 use crate::train::events::StepRecord;
 use crate::train::metrics::JsonlWriter;
+use crate::train::scoring::{execute, generate, log_samples, record, score, start_next};
+use crate::train::shard;
+use crate::train::timer::Timer;
 use crate::train::update::update;
 use crate::train::{TrainError, TrainState};
 
@@ -26,11 +28,15 @@ pub fn step(
         .iter()
         .map(|task| task_prompt(&t.instruction, task))
         .collect();
-    let mut seconds = BTreeMap::new();
-    let ro = s.sample_or_collect(&tasks, &prompts, t.group_size, seed, &mut seconds)?;
+    let mut timer = Timer::default();
+    let share = shard::local(s.dist, tasks.len());
+    let generated = generate(s, &tasks, &prompts, t.group_size, seed, share, &mut timer)?;
+    let (generated, reports) = execute(s, &tasks, generated, &mut timer)?;
+    s.observe_errors(&reports);
+    let batch = score(s, generated, reports, &mut timer)?;
     // Overlap: the servers generate the next step's rollouts with these
     // weights while this step updates them.
-    s.start_next(&mut seconds)?;
+    start_next(s, &mut timer)?;
 
     let t0 = Instant::now();
     let lr = s.schedule.lr_at(s.step);
@@ -41,16 +47,16 @@ pub fn step(
         s.policy,
         s.optimizer.as_mut(),
         &t,
-        &ro.seqs_with(checked),
+        &batch.seqs_with(checked),
         lr,
         &t.loss,
         s.dist,
         s.cfg.dist.bucket_bytes(),
         s.cfg.rollout.vllm.tis_cap,
     )?;
-    seconds.insert("update".to_owned(), t0.elapsed().as_secs_f64());
-    s.log_samples(samples_log, &[(&ro, &tasks)])?;
-    let mut rec = s.record(lr, up.loss, up.grad_norm, &[&ro], seconds);
+    timer.add_since("update", t0);
+    log_samples(s.step, samples_log, &[(&batch, &tasks)])?;
+    let mut rec = record(s.step, lr, up.loss, up.grad_norm, &[&batch], timer);
     rec.mismatch = up.mismatch;
     Ok(rec)
 }
