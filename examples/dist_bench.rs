@@ -1,5 +1,5 @@
 //! All-reduce time and bandwidth of the trainer's process group (c10d
-//! Gloo), run as the ranks of a torchrun job (scripts/bench-dist):
+//! Gloo), run as the ranks of a torchrun job (scripts/bench/run dist):
 //!
 //!   torchrun --no-python --nproc-per-node 2 dist_bench [--repeats N] [ELEMENTS ...]
 //!

@@ -2,7 +2,7 @@
 //! through the pool `repeats` times, then the same through `falcon sandbox
 //! serve`'s service on loopback (serving the same pool) with our API and
 //! with SandboxFusion's (one `/run_code` per test), and prints executions
-//! per second of each as JSON. Used by scripts/bench-exec. Usage:
+//! per second of each as JSON. Used by `scripts/bench/run exec`. Usage:
 //!   exec_bench TASKS.jsonl [--format humaneval|mbpp|jsonl|auto] [--repeats N] [--workers N]
 use std::path::PathBuf;
 use std::time::Instant;

@@ -3,7 +3,7 @@
 //! and 32 rows, fp32 and bf16 (bf16 both through AVX512-BF16 and widened to
 //! the fp32 kernel), 2 threads, back to back in one process: the figures
 //! behind `gemv::MAX_ROWS`, the bf16 row limit and `CHUNK_ROWS`. A probe, not a
-//! benchmark (`scripts/bench-generate` is that).
+//! benchmark (`scripts/bench/run generate` is that).
 //!
 //!   cargo run --release --no-default-features --example gemv_probe
 

@@ -1,4 +1,4 @@
-//! Long-term memory speed, the Rust side of scripts/bench-memory: top-10
+//! Long-term memory speed, the Rust side of `scripts/bench/run memory`: top-10
 //! search over the vectors in DATA (raw little-endian f32, `n × dim`) with the
 //! exact index and a FAISS IVF index, single queries and batches, plus the
 //! insert of 10k entries with the hash embedder and one SQLite commit.

@@ -2,7 +2,7 @@
 //! MKL's packed sgemm) on one decode step of SmolLM2-135M: its 121 weight
 //! shapes, each weight its own (cold: 540 MB, more than the caches hold), at
 //! 9 to 64 rows, 2 threads; and what packing them costs. A probe, not a
-//! benchmark (`scripts/bench-train` is that).
+//! benchmark (`scripts/bench/run train` is that).
 //!
 //!   cargo run --release --no-default-features --example packed_probe
 

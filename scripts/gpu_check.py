@@ -35,7 +35,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from benchcfg import run_header
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench"))
+from benchcfg import gpu_check_config  # noqa: E402
 
 COPY_TBPS = 4.3
 PROMPT = "def quicksort(xs):\n    \"\"\"Sort a list of integers in ascending order.\"\"\"\n"
@@ -129,24 +130,7 @@ def probe_sandbox():
 
 
 def train_config(name, model, work, train_extra, meta, steps=2):
-    return run_header(name, work, model, device="cuda") + f"""[reward.static_judge]
-ruff = "{RUFF}"
-{EXEC}[generation]
-max_new_tokens = 64
-temperature = 1.0
-[tasks]
-path = "data/easy_python.jsonl"
-tags = ["train"]
-[memory]
-embedder = "hash"
-[train]
-steps = {steps}
-tasks_per_step = 4
-group_size = 4
-lr = 1e-4
-checkpoint_every = 100
-eval_after = false
-{train_extra}{meta}"""
+    return gpu_check_config(name, model, work, train_extra, meta, RUFF, EXEC, steps=steps)
 
 
 def gpu_mib_of(pid):

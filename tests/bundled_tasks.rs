@@ -1,6 +1,6 @@
 //! The bundled numba-cuda task set (data/numba_cuda_tasks.jsonl, made by
-//! scripts/build-numba-tasks.py and checked in the simulator by
-//! scripts/check-numba-tasks.py) loads as falcon tasks, and every mutant
+//! scripts/data/build-numba-tasks.py and checked in the simulator by
+//! scripts/check/check-numba-tasks.py) loads as falcon tasks, and every mutant
 //! belongs to a task.
 
 use std::collections::HashSet;

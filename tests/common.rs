@@ -32,8 +32,12 @@ pub fn fixture(name: &str) -> PathBuf {
 
 pub fn reference(name: &str) -> serde_json::Value {
     let p = fixture(name).join("reference.json");
-    let text = std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/make-fixtures.py)", p.display()));
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run scripts/fixtures/make-fixtures.py)",
+            p.display()
+        )
+    });
     serde_json::from_str(&text).expect("reference.json parses")
 }
 

@@ -1,5 +1,6 @@
 //! The docs cannot drift from the CLI: every `falcon` command shown in
-//! README.md and docs/*.md (fenced blocks, and inline code that starts with
+//! README.md, docs/*.md, the measurement logs of docs/results/ and
+//! scripts/README.md (fenced blocks, and inline code that starts with
 //! `falcon `) is run. Each is parsed by the real binary (`falcon ARGS
 //! --help` fails on an unknown subcommand, flag or enum value), every
 //! file of the repository it names (`configs/`, `data/`, `scripts/`) must
@@ -88,13 +89,16 @@ fn concrete(arg: &str) -> String {
 
 fn doc_files() -> Vec<std::path::PathBuf> {
     let mut files = vec![root().join("README.md")];
-    let mut docs: Vec<_> = std::fs::read_dir(root().join("docs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "md"))
-        .collect();
-    docs.sort();
-    files.extend(docs);
+    for dir in ["docs", "docs/results"] {
+        let mut docs: Vec<_> = std::fs::read_dir(root().join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "md"))
+            .collect();
+        docs.sort();
+        files.extend(docs);
+    }
+    files.push(root().join("scripts").join("README.md"));
     files
 }
 

@@ -30,7 +30,7 @@ fn smollm2_gguf_tokens_chat_template_and_logits_match_transformers() {
     let texts_path = work.path().join("texts.json");
     std::fs::write(&texts_path, serde_json::to_string(&texts).unwrap()).unwrap();
     run_python(
-        "gguf-reference.py",
+        "fixtures/gguf-reference.py",
         &[
             gguf.to_str().unwrap(),
             texts_path.to_str().unwrap(),

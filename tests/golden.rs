@@ -55,7 +55,7 @@ judge = "static"
 [memory]
 embedder = "hash"
 # The rendering the numbers were recorded with (the default became
-# "brief" later, by measurement: docs/eval.md).
+# "brief" later, by measurement: docs/results/eval.md).
 render = "full"
 short_term_capacity = 64
 short_term_max_len = 256

@@ -17,7 +17,7 @@ use crate::common::{fixture, tmpdir};
 #[test]
 fn minilm_matches_sentence_transformers() {
     let text = std::fs::read_to_string(fixture("minilm-reference.json"))
-        .expect("tests/fixtures/minilm-reference.json (scripts/minilm-reference.py)");
+        .expect("tests/fixtures/minilm-reference.json (scripts/fixtures/minilm-reference.py)");
     let reference: serde_json::Value = serde_json::from_str(&text).unwrap();
     let dir = default_minilm_dir();
     let model = MiniLm::load(&dir, Device::Cpu)
@@ -517,14 +517,14 @@ fn memories_persist_through_the_store() {
     assert_eq!(m2.class(MemoCoderClass::Exception).pending, vec![id]);
 }
 
-/// `scripts/extract-api-docs.py` writes docs that MEMCoder's loader reads.
+/// `scripts/data/extract-api-docs.py` writes docs that MEMCoder's loader reads.
 #[test]
 fn extracted_api_docs_load_into_memcoder() {
     use falcon_rl::memory::guidelines::{load_api_docs, MemCoderMemory, MemCoderParams};
     let dir = tmpdir();
     let out = dir.path().join("json-api.jsonl");
     crate::common::run_python(
-        "extract-api-docs.py",
+        "data/extract-api-docs.py",
         &["json", "--out", out.to_str().unwrap(), "--max-depth", "1"],
     );
     let docs = load_api_docs(&out).unwrap();

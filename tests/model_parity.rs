@@ -1,5 +1,5 @@
 //! The decoder against transformers' own outputs on the tiny fixtures
-//! (scripts/make-fixtures.py): logits, greedy tokens, ragged batches, the KV
+//! (scripts/fixtures/make-fixtures.py): logits, greedy tokens, ragged batches, the KV
 //! cache, LoRA algebra, and the CPU fallback of the CUDA probe.
 
 use falcon_rl::model::decoder::LogitsFor;

@@ -32,7 +32,7 @@ fn python_logits(model_dir: &std::path::Path, adapter: Option<&std::path::Path>)
         args.push("--adapter");
         args.push(&ad);
     }
-    let out = run_python("ref-logits.py", &args);
+    let out = run_python("fixtures/ref-logits.py", &args);
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect("ref-logits prints JSON");
     tensor_from_json(&v["logits"])
 }

@@ -103,7 +103,7 @@ fn fusion_script(script: &str, args: &[&str]) -> (bool, String) {
 #[test]
 fn sandbox_fusions_official_client_gets_sandbox_fusions_answers() {
     let service = serve(&pool_cfg(63000, 2), None);
-    let (ok, text) = fusion_script("check-sandbox-fusion-client.py", &[&url(&service)]);
+    let (ok, text) = fusion_script("check/check-sandbox-fusion-client.py", &[&url(&service)]);
     assert!(ok, "{text}");
     assert!(text.contains("all checks passed"), "{text}");
     assert_eq!(text.matches("ok   ").count(), 14, "{text}");
@@ -610,7 +610,7 @@ fn falcon_exec_runs_through_a_service_named_in_the_config() {
     service.stop();
 }
 
-/// A small run of scripts/load-sandbox's load test against a service in
+/// A small run of scripts/check/load-sandbox's load test against a service in
 /// this process: 64 clients, 600 runs of passing, failing, crashing and
 /// timing-out programs; no answer lost, duplicated or wrong, memory flat.
 #[test]
@@ -618,7 +618,7 @@ fn a_bounded_load_loses_and_duplicates_nothing() {
     let service = serve(&pool_cfg(63600, 2), None);
     let pid = std::process::id().to_string();
     let (ok, text) = fusion_script(
-        "load_sandbox.py",
+        "check/load_sandbox.py",
         &[
             "--url",
             &url(&service),

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Once scripts/bench-learning has run arm g (the configs below are its own): the kept arms a-f,
+# Once scripts/bench/run learning has run arm g (the configs below are its own): the kept arms a-f,
 # evaluated before the cut-off rule (an answer cut off at the token limit runs its complete
 # statements, docs/eval.md), rescored with it, and compared with g on both held-out sets.
 # Nothing is generated; the rescored results go to runs/, the printed tables to rescored.md.
@@ -18,7 +18,7 @@ done
 cp $K/g-eval.json $K/g-easy_python_heldout2.json $O/
 .venv/bin/python - "$O" <<'PY' > $K/rescored.md
 import os, subprocess, sys
-sys.path.insert(0, "scripts")
+sys.path.insert(0, "scripts/bench")
 from bench_learning import merge
 o = sys.argv[1]
 for a in "abcdefg":

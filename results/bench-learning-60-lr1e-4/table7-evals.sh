@@ -1,5 +1,5 @@
 #!/bin/bash
-# Once scripts/bench-learning has run arm e: e's final checkpoint and the SFT start, evaluated with
+# Once scripts/bench/run learning has run arm e: e's final checkpoint and the SFT start, evaluated with
 # Table 7 prompts retrieved from e's long-term memory (the files here are its outputs).
 set -e
 cd "$(dirname "$0")/../.."

@@ -112,7 +112,7 @@ impl Default for MemoryConfig {
             nprobe: 16,
             faiss_train_size: 50_000,
             top_k: 3,
-            // Measured on HumanEval at 135M (docs/eval.md): the papers'
+            // Measured on HumanEval at 135M (docs/results/eval.md): the papers'
             // whole code is copied into the answer, renamed code too.
             render: Rendering::Brief,
             render_chars: 0,

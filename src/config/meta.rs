@@ -41,7 +41,7 @@ pub enum MetaPrompt {
     Table7,
     /// The zero-shot prompt; long-term memory still records every evaluated
     /// sample and supplies the inner mini-batches' demonstrations. Small
-    /// models copy a retrieved neighbour's code (docs/train.md), which this
+    /// models copy a retrieved neighbour's code (docs/results/train.md), which this
     /// avoids without giving up the memory.
     ZeroShot,
 }

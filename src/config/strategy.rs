@@ -91,7 +91,7 @@ impl<'de> Deserialize<'de> for Planning {
 /// `[strategy]`: which strategy and its knobs. Defaults follow the papers
 /// where they say (MemoCoder: 3 plans, 10 retrieved fixes in
 /// `[memory.fixes]`), except MemoCoder's planner, which runs as a fallback
-/// (measured, docs/eval.md); attempt counts are kept small for CPU runs.
+/// (measured, docs/results/eval.md); attempt counts are kept small for CPU runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StrategyConfig {

@@ -4,7 +4,7 @@
 //! `linear` is the reference and the fallback for everything else.
 //!
 //! Why not libtorch: these products are bound by memory bandwidth, yet
-//! decode at batch 1 reached under half of it (`scripts/bench-generate`'s
+//! decode at batch 1 reached under half of it (`scripts/bench/run generate`'s
 //! roofline). A profile of a batch-1 fp32 decode: 55% MKL's sgemv, 17% in
 //! the kernel waking and parking libtorch's OpenMP threads, once per matmul
 //! (falcon runs OpenMP passive: spinning OpenMP threads starve the sandbox

@@ -286,7 +286,7 @@ pub const TASK_ANSWER_FORMAT: &str = "GUIDELINE: <the guideline, on one line>";
 /// How every reflector answer starts: written for the model, which
 /// continues it. The prompts show no placeholder line: SmolLM2-135M copies
 /// a placeholder, and without the prefill it repeats the instruction
-/// (docs/eval.md).
+/// (docs/results/eval.md).
 pub const REFLECTION_PREFILL: &str = "GUIDELINE:";
 
 /// The task-level reflection prompt: distil `g_Task` from `(r, c, f)`.

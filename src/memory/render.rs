@@ -2,7 +2,7 @@
 //! of FALCON's past entries, of MemoCoder's fixes and of MEMCoder's past
 //! tasks and snippets, renamed or cut down
 //! so that a small model does not copy another task's function into its
-//! answer (docs/eval.md measured SmolLM2-135M doing exactly that), and a
+//! answer (docs/results/eval.md measured SmolLM2-135M doing exactly that), and a
 //! character budget over everything retrieved into one prompt.
 
 use crate::config::Rendering;
@@ -89,7 +89,7 @@ impl View {
 /// A task statement without its code: the prose of a stub's docstring (or
 /// of an MBPP-style statement), before its examples, on one line. A past
 /// task's signature in a prompt reads as the current task's: SmolLM2-135M
-/// copied it, renamed or not (docs/eval.md).
+/// copied it, renamed or not (docs/results/eval.md).
 pub fn task_statement(task: &str) -> String {
     let mut words: Vec<&str> = Vec::new();
     for line in task.lines() {

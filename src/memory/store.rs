@@ -1091,7 +1091,7 @@ mod tests {
         assert_eq!(t.count_long_term().unwrap(), 40);
     }
 
-    /// One 10k-row batch is one transaction (speed is scripts/bench-memory's job).
+    /// One 10k-row batch is one transaction (speed is `scripts/bench/run memory`'s job).
     #[test]
     fn ten_thousand_inserts_in_one_batch() {
         let dir = tempfile::tempdir().unwrap();

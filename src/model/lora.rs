@@ -215,7 +215,7 @@ impl LoraLinear {
     /// unmerging by subtraction would drift a little every round. For
     /// inference only (autograd off): a decode step then runs one matmul per
     /// projection instead of three (measured on the CPU: about 7% of an RL
-    /// step's generation, 11% of `falcon eval`'s wall time; docs/model.md).
+    /// step's generation, 11% of `falcon eval`'s wall time; docs/results/model.md).
     /// `None` (nothing done) without an adapter, when merged, switched off or
     /// stacked, while autograd records, and for weights narrower than fp32 (or
     /// cast narrower by autocast), where `W + ΔW` would round a young

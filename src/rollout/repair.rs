@@ -16,7 +16,7 @@
 //! depart from it: by default (`planning = "fallback"`) the planner runs
 //! only for a first answer that failed the guiding test, because plans
 //! written before any code made SmolLM2-135M's answers worse
-//! (docs/eval.md); `"first"` is the paper's order.
+//! (docs/results/eval.md); `"first"` is the paper's order.
 
 use std::fmt::Write as _;
 
@@ -348,7 +348,7 @@ impl Repair {
             .map(|&s| self.planner_prompt(&guides[slots[s].task]))
             .collect();
         // The answer starts as the format asks, so that a small model
-        // writes steps in words instead of code (docs/eval.md).
+        // writes steps in words instead of code (docs/results/eval.md).
         let format = Format {
             prefill: PLAN_PREFILL,
             max_new_tokens: PLAN_TOKENS,

@@ -6,7 +6,7 @@
 //!
 //! The update rules follow PyTorch's single-tensor paths (`foreach=False`) of
 //! `torch.optim.AdamW` and `torch.optim.SGD`, op for op, so the tests can
-//! compare against numbers from `scripts/optim-reference.py`.
+//! compare against numbers from `scripts/fixtures/optim-reference.py`.
 //!
 //! Precision: moments are fp32 (fp64 for fp64 parameters). For a bf16/fp16
 //! parameter the update is computed on an fp32 copy and rounded once into the
@@ -993,7 +993,7 @@ mod tests {
         .unwrap()
     }
 
-    // Expected values printed by `scripts/optim-reference.py` (torch 2.11.0),
+    // Expected values printed by `scripts/fixtures/optim-reference.py` (torch 2.11.0),
     // which in short runs, with the A0/B0/GRADS/LRS above:
     //   a = torch.tensor(A0, requires_grad=True); b = torch.tensor(B0, requires_grad=True)
     //   opt = torch.optim.AdamW([a, b], lr=0.0, betas=(0.9, 0.999), eps=1e-8,
