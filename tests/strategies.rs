@@ -12,7 +12,7 @@ use falcon_rl::memory::fixes::FixesConfig;
 use falcon_rl::memory::guidelines::{ApiDoc, MemCoderParams};
 use falcon_rl::memory::HashEmbedder;
 use falcon_rl::model::{Completion, FinishReason, GenerationParams, Generator, ModelError};
-use falcon_rl::rollout::docs::{DocMode, DocSizes, DocStrategy};
+use falcon_rl::rollout::doc_rag::{DocMode, DocSizes, DocStrategy};
 use falcon_rl::rollout::repair::{Repair, RepairConfig};
 use falcon_rl::rollout::{Env, Strategy};
 use falcon_rl::task::Task;
@@ -984,7 +984,7 @@ fn doc_rag_accum_and_memcoder_ablations_show_only_their_memory() {
 
 #[test]
 fn single_program_tests_are_never_shown_the_prompt_example_guides_instead() {
-    use falcon_rl::rollout::solve::guiding_tests;
+    use falcon_rl::rollout::strategy::guiding_tests;
     let sb = sandbox(62550);
     let check = "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(5) == 6\n\ncheck(inc)\n";
     let mut he = task(
@@ -1053,7 +1053,7 @@ fn single_program_tests_are_never_shown_the_prompt_example_guides_instead() {
 #[test]
 fn numba_cuda_scores_say_they_come_from_the_simulator() {
     use falcon_rl::config::{CudaMode, TaskFormat};
-    use falcon_rl::rollout::solve::Prompted;
+    use falcon_rl::rollout::strategy::Prompted;
     use falcon_rl::task::{LoadOptions, TaskSet};
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let set = TaskSet::load(

@@ -27,7 +27,7 @@ use crate::config::{EvalConfig, GenerationConfig};
 use crate::exec::{ExecReport, RewardClass, Sandbox};
 use crate::model::{Completion, FinishReason, Generator, ModelError};
 use crate::reward::execute;
-use crate::rollout::solve::Prompted;
+use crate::rollout::strategy::Prompted;
 use crate::rollout::{generation_params, reflection_params, Env, RolloutError, Strategy};
 use crate::task::Task;
 

@@ -1,20 +1,20 @@
 //! Rollout strategies: how a task becomes answers. The prompts (zero-shot,
 //! FALCON's Table 7 with retrieved long-term memory), the generation
 //! parameters a run config implies, and the [`Strategy`] implementations:
-//! single-shot ([`solve::Prompted`]: zero-shot, FALCON), repairing
+//! single-shot ([`strategy::Prompted`]: zero-shot, FALCON), repairing
 //! ([`repair::Repair`]: self-repair, MemoCoder) and documentation-driven
-//! ([`docs::DocStrategy`]: naive doc-RAG, MEMCoder and its ablations,
+//! ([`doc_rag::DocStrategy`]: naive doc-RAG, MEMCoder and its ablations,
 //! MEMCoder-Accum). `eval` runs them; every strategy talks to the model only
 //! through the `Generator` trait, so the in-process policy and an
 //! OpenAI-compatible server serve alike.
 
-pub mod docs;
+pub mod doc_rag;
 pub mod repair;
-pub mod solve;
+pub mod strategy;
 
 use std::path::Path;
 
-pub use solve::{Env, ReflectionRecord, RolloutError, Solution, Strategy};
+pub use strategy::{Env, ReflectionRecord, RolloutError, Solution, Strategy};
 
 use crate::config::{RunConfig, StrategyKind};
 
@@ -48,7 +48,7 @@ pub fn strategy(
 ) -> Result<Box<dyn Strategy>, RolloutError> {
     let s = &cfg.strategy;
     Ok(match kind {
-        StrategyKind::ZeroShot => Box::new(solve::Prompted::zero_shot()),
+        StrategyKind::ZeroShot => Box::new(strategy::Prompted::zero_shot()),
         StrategyKind::Falcon => {
             let Use::Eval { memory_run, tasks } = purpose else {
                 return Err(RolloutError::Invalid(
@@ -63,7 +63,7 @@ pub fn strategy(
             let device = crate::model::device::device_of(cfg);
             let mut memory = open_long_term(&cfg.memory, run, device, Access::Read)?;
             let (prompts, _) = falcon_prompts(&mut memory, tasks, &cfg.memory)?;
-            Box::new(solve::Prompted::given("falcon", tasks, prompts)?)
+            Box::new(strategy::Prompted::given("falcon", tasks, prompts)?)
         }
         StrategyKind::SelfRepair => {
             Box::new(repair::Repair::new(repair::RepairConfig::self_repair(s)))
@@ -73,7 +73,7 @@ pub fn strategy(
                 .with_render(cfg.memory.render, cfg.memory.render_chars),
         )),
         k @ (StrategyKind::DocRag | StrategyKind::Memcoder | StrategyKind::MemcoderAccum) => {
-            let d = docs::DocStrategy::from_config(k, cfg)?;
+            let d = doc_rag::DocStrategy::from_config(k, cfg)?;
             match purpose {
                 // A long run does not need the per-task log.
                 Use::Train => Box::new(d.without_log()),

@@ -27,7 +27,7 @@ use crate::memory::render::{changed_lines, View};
 use crate::model::{Completion, FinishReason};
 use crate::task::Task;
 
-use super::solve::{
+use super::strategy::{
     code_of, error_message, guiding_tests, Env, Format, RolloutError, Solution, Strategy,
 };
 use super::{name_hint, task_prompt};

@@ -10,7 +10,7 @@
 //!   (`maml` / `fomaml` / `reptile`), `step::sft`. No step imports another;
 //!   what they share is below them: generating, running and scoring samples
 //!   (`scoring`, with the step's `timer`), the
-//!   policy update (`update`), the memories (`memories`), the meta-update's
+//!   policy update (`update`), the memories (`meta_memory`), the meta-update's
 //!   mathematics (`maml`) and how a step is split over data-parallel ranks
 //!   (`shard`: whole groups per rank, gathered samples, summed gradients).
 //! - [`run`]: the loop (evaluations, metrics, checkpoints, time budget; rank
@@ -25,12 +25,12 @@
 
 pub mod ablate;
 pub mod advantage;
-mod budget;
 pub mod checkpoint;
+mod device_memory;
 mod events;
 pub mod losses;
 mod maml;
-mod memories;
+mod meta_memory;
 pub mod metrics;
 pub mod optim;
 mod recipe;

@@ -16,7 +16,7 @@ use tch::{Device, Tensor};
 
 use super::checkpoint;
 use super::events::Observer;
-use super::memories::MetaMemory;
+use super::meta_memory::MetaMemory;
 use super::metrics::{keep_before_step, keep_events};
 use super::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
 use super::scoring::tasks_for_step;
@@ -341,7 +341,7 @@ fn check_run(
             "[model.lora] enabled does not match the policy: call prepare_policy first".into(),
         ));
     }
-    super::budget::check(cfg, recipe, policy, tasks, sandbox.workers())
+    super::device_memory::check(cfg, recipe, policy, tasks, sandbox.workers())
 }
 
 /// The optimizer and learning-rate schedule `[train]` names.

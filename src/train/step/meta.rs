@@ -20,7 +20,7 @@ use crate::train::maml::{
     adapt, carry_back, meta_backward, query_gradients, reptile_update, Adapted, InnerLoop,
     PieceLoss, Weights,
 };
-use crate::train::memories::{demonstrations, OwnedSeq};
+use crate::train::meta_memory::{demonstrations, OwnedSeq};
 use crate::train::metrics::JsonlWriter;
 use crate::train::optim::{clip_grad_norm, zero_grad};
 use crate::train::scoring::{

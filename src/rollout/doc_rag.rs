@@ -25,7 +25,7 @@ use crate::memory::{embedder_from_config, Embedder, ExactIndex, VectorIndex};
 use crate::task::Task;
 
 use super::name_hint;
-use super::solve::{code_of, Env, Format, ReflectionRecord, RolloutError, Solution, Strategy};
+use super::strategy::{code_of, Env, Format, ReflectionRecord, RolloutError, Solution, Strategy};
 
 /// Which of the documentation strategies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
