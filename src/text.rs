@@ -77,7 +77,7 @@ pub fn code_block_end(text: &str) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::{body_excerpt, clip, code_block_end};
+    use super::{body_excerpt, clip, code_block_end, python_defs};
 
     #[test]
     fn a_code_block_ends_at_its_closing_fence() {
@@ -102,6 +102,15 @@ mod tests {
             "```text\nout\n```\n```py\nx = 1\n   ```"
         );
         assert_eq!(code_block_end("no code at all\n"), None);
+    }
+
+    #[test]
+    fn python_defs_reads_def_lines_without_looking_at_strings() {
+        let code = "async def a(): pass\n  def b(x):\nclass C:\n    async  def c(): ...\n\
+                    def (x)\ndefx():\ndef _z9(\n\"\"\"\ndef in_doc():\n\"\"\"\n\tdef éa():\n\
+                    x = 'def s(): '\n";
+        assert_eq!(python_defs(code), ["a", "b", "_z9", "in_doc", "éa"]);
+        assert!(python_defs("").is_empty());
     }
 
     #[test]

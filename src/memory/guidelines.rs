@@ -1784,6 +1784,40 @@ def f(a):
         assert_eq!(apis_used(code, |n| docs.contains(n)), vec!["numpy.zeros"]);
     }
 
+    #[test]
+    fn apis_used_pins_the_lexer_on_strings_comments_and_lines() {
+        let is_api = |n: &str| n.starts_with("m.");
+        let code = "import m\n\
+            a = \"m.s1\" + 'm.s2' + f\"{m.f1}\" + rb'm.rb' + Rb\"m.rb2\" + u'm.u' + br\"m.br\"\n\
+            b = 'it\\'s m.e1' + \"q\\\"m.e2\" + m.e3\n\
+            # it's m.c1 \"\n\
+            m.c2(1)\n\
+            t = \"\"\"\nm.t1\n\"\"\" + '''m.t2\n''' + m.t3\n\
+            r = r\"\\\"m.r1\" + m.r2\n\
+            s = 'oops\nm.u1\n\
+            w = 'a\\\nm.bs1' + m.bs2\n\
+            x = m \\\n.cont\n\
+            y = m \\\r\n.crlf\n\
+            z = x\"m.np\" + m.p2\n\
+            import m; m.semi\n\
+            v = (m\n  .paren)\n\
+            n = 1.5e-3 + .5 + 0x1F + m.num\n\
+            g = f\"{m.h[\"m.k\"]}\"\n\
+            é = m.é1\n";
+        assert_eq!(
+            apis_used(code, is_api),
+            [
+                "m.e3", "m.c2", "m.t3", "m.r2", "m.u1", "m.bs2", "m.cont", "m.p2", "m.semi",
+                "m.paren", "m.num", "m.k", "m.é1"
+            ]
+        );
+        // Brackets and backslashes join lines into one import statement;
+        // `;` and a newline end it.
+        let code =
+            "from m import (a,\n  b); from m import \\\n  c\nimport m.d as e\na(); b; c; e.f\n";
+        assert_eq!(apis_used(code, is_api), ["m.a", "m.b", "m.c", "m.d.f"]);
+    }
+
     /// Answers reflector prompts from a script keyed by a prompt substring.
     struct Scripted {
         script: Vec<(&'static str, &'static str)>,

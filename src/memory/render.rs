@@ -185,6 +185,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn defined_functions_are_column_zero_def_lines_even_in_strings() {
+        let code = "def a():\n    def b(): pass\n\"\"\"\ndef doc():\n\"\"\"\nasync def c(): pass\ndef a(): pass\n";
+        assert_eq!(defined_functions(code), ["a", "doc", "c"]);
+    }
+
+    #[test]
     fn renaming_replaces_whole_words_only() {
         let code = "def find_zero(xs):\n    return helper(xs) + find_zeros\n\ndef helper(x):\n    return find_zero(x)\n";
         let v = View::new(Rendering::Renamed, "below_zero", 0);

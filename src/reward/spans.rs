@@ -397,6 +397,43 @@ mod tests {
     }
 
     #[test]
+    fn statement_starts_skip_every_kind_of_string_and_comment() {
+        let cs = complete_statements;
+        // Brackets inside strings, f-strings, byte and raw strings and
+        // comments open nothing.
+        let code = "s = \"(\" + f\"{x}[\" + b'{' + r'('\nt = 1  # (\nu(";
+        assert_eq!(
+            cs(code),
+            "s = \"(\" + f\"{x}[\" + b'{' + r'('\nt = 1  # (\n"
+        );
+        // An escaped quote does not close its string.
+        let code = "s = \"a\\\"(\"\nt = 'it\\'s ['\nu(";
+        assert_eq!(cs(code), "s = \"a\\\"(\"\nt = 'it\\'s ['\n");
+        // A triple quote escaped inside a docstring does not close it.
+        let code = "s = \"\"\"a\\\"\"\"\nstill\n\"\"\"\nt = 1\nu(";
+        assert_eq!(cs(code), "s = \"\"\"a\\\"\"\"\nstill\n\"\"\"\nt = 1\n");
+        let code = "s = '''x\n'''; t = (1,\n2)\nu = 1\nv(";
+        assert_eq!(cs(code), "s = '''x\n'''; t = (1,\n2)\nu = 1\n");
+        // A single-quoted string ends with its line, even after a backslash
+        // (whose line then continues into the next).
+        let code = "s = 'abc\nt = (1\n)\nu(";
+        assert_eq!(cs(code), "s = 'abc\nt = (1\n)\n");
+        let code = "x = 'a\\\nb = 2\nc = 3\nd(";
+        assert_eq!(cs(code), "x = 'a\\\nb = 2\nc = 3\n");
+        // A line ending in a backslash continues, a comment's too.
+        let code = "a = 1  # note \\\nb = 2\nc(";
+        assert_eq!(cs(code), "a = 1  # note \\\nb = 2\n");
+        // CRLF lines; a stray closing bracket does not go below zero.
+        assert_eq!(cs("a = 1\r\nb = 2\r\nc("), "a = 1\r\nb = 2\r\n");
+        assert_eq!(cs(")\nx = 1\ny("), ")\nx = 1\n");
+        // A `#` inside a string is no comment: its bracket still counts.
+        assert_eq!(cs("s = '#' + (\n1)\nt = 2\nu("), "s = '#' + (\n1)\nt = 2\n");
+        // A bracket closed only inside a string leaves the rest inside it.
+        let code = "x = [\n'''\n]\n'''\ny = 1\nz(";
+        assert_eq!(cs(code), code);
+    }
+
+    #[test]
     fn answer_code_trims_only_cut_off_answers() {
         let text = "Sure:\n```python\ndef f():\n    return 1\nassert f() ==";
         let (off, code) = answer_code(text, true);

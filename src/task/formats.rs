@@ -522,3 +522,67 @@ impl PricoderRecord {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{called_names, mbpp_entry_point};
+
+    #[test]
+    fn called_names_skip_strings_and_comments_of_every_kind() {
+        let c = called_names;
+        assert_eq!(c(r#"assert f("g(x)") == h('k(') # m(1)"#), ["f", "h"]);
+        // An f-string is a string: the call inside its braces is not seen.
+        assert_eq!(c(r#"assert f(f"{g(1)}") == 1"#), ["f"]);
+        assert_eq!(
+            c(r#"assert f("a\"g(1)", 'it\'s h(2)') == k(3)"#),
+            ["f", "k"]
+        );
+        assert_eq!(c("assert f(\"\"\"\ng(1)\n\"\"\") == '''h(2)'''"), ["f"]);
+        assert_eq!(
+            c(r#"assert f(r"\"g(1)", b'h(2)', rb"k(3)") == m(4)"#),
+            ["f", "m"]
+        );
+        assert_eq!(c("assert f(1) # it's g(2) \"\nassert h(3)"), ["f", "h"]);
+        // A single-quoted string runs over a line break to its quote...
+        assert_eq!(c("assert f('a\nb') == g(1)"), ["f", "g"]);
+        // ...and to the end when it never closes.
+        assert_eq!(c("assert f('oops\ng(1)"), ["f"]);
+        assert_eq!(c("assert f(\"a\\\ng(1)\") == h(2)"), ["f", "h"]);
+        // Only spaces and tabs may sit between a name and its `(`.
+        assert_eq!(c("assert f \\\n(1) == g\t(2)"), ["g"]);
+        assert_eq!(c("assert f\n(1)"), Vec::<&str>::new());
+        // After a dot (spaces and line breaks between) a call is a method's.
+        assert_eq!(c("assert a . f(1) == \"s\".join(h(1)) + x.\n  k(2)"), ["h"]);
+        assert_eq!(
+            c("assert not(f(1)) and g(2) or print(h(3)) if lambda(x) else y"),
+            ["f", "g", "print", "h"]
+        );
+        assert_eq!(
+            c("assert (f(1)) == [g(x) for x in range(3)]"),
+            ["f", "g", "range"]
+        );
+        // Names are ASCII runs read byte by byte.
+        assert_eq!(c("assert éf(1) == g(2)"), ["f", "g"]);
+        assert_eq!(c("assert x == 0xf(1) + 1e5(2)"), ["xf", "e5"]);
+        assert_eq!(c("assert f(\"é(\") == g('''é\n''')"), ["f", "g"]);
+    }
+
+    #[test]
+    fn mbpp_entry_points_see_defs_line_by_line() {
+        // A `def` line inside a docstring of the reference code counts.
+        let code = "def helper():\n    \"\"\"\n    def f(x): example\n    \"\"\"\n";
+        assert_eq!(
+            mbpp_entry_point("assert f(1) == helper(2)", Some(code)).unwrap(),
+            "f"
+        );
+        let code = "if True:\n    async def go(x):\n        pass\n";
+        assert_eq!(
+            mbpp_entry_point("assert helper(go(1)) == 1", Some(code)).unwrap(),
+            "go"
+        );
+        assert_eq!(
+            mbpp_entry_point("assert helper(\"go(1)\") == 1", Some(code)).unwrap(),
+            "helper"
+        );
+    }
+}
