@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::exec::{ExecReport, RewardClass, TestStatus};
 use crate::memory::render::{task_statement, View};
 use crate::model::{GenerationParams, Generator, ModelError};
+use crate::text::python::{self, TokenKind};
 
 /// Everything that can go wrong in this module. Doc-file errors carry
 /// `path:line` so a user knows which entry to fix.
@@ -171,10 +172,7 @@ fn line_of(text: &str, byte: usize) -> usize {
 }
 
 fn is_dotted_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.split('.').all(|part| {
-            part.chars().next().is_some_and(is_ident_start) && part.chars().all(is_ident_char)
-        })
+    !name.is_empty() && name.split('.').all(python::is_name)
 }
 
 // ---------------------------------------------------------------------------
@@ -1036,8 +1034,8 @@ pub fn candidate_apis<S: AsRef<str>>(
 }
 
 // ---------------------------------------------------------------------------
-// Used-API extraction: a small Python lexer, enough for imports and
-// attribute chains.
+// Used-API extraction: imports and attribute chains over the tokens of
+// `text::python`.
 
 #[derive(Debug, Clone, PartialEq)]
 enum Tok {
@@ -1050,107 +1048,27 @@ enum Tok {
     Other,
 }
 
-fn is_ident_start(c: char) -> bool {
-    c == '_' || c.is_alphabetic()
-}
-
-fn is_ident_char(c: char) -> bool {
-    c == '_' || c.is_alphanumeric()
-}
-
-const STRING_PREFIXES: [&str; 10] = ["r", "u", "b", "f", "br", "rb", "fr", "rf", "t", "tr"];
-
 /// Tokens of Python source with strings, comments and numbers dropped.
 /// Newlines inside brackets and after `\` do not end a line, as in Python.
 fn lex(code: &str) -> Vec<Tok> {
-    let chars: Vec<char> = code.chars().collect();
     let mut toks = Vec::new();
-    let mut depth = 0usize;
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        if c == '#' {
-            while i < chars.len() && chars[i] != '\n' {
-                i += 1;
-            }
-        } else if c == '\\' && chars.get(i + 1) == Some(&'\n') {
-            i += 2;
-        } else if c == '\n' || c == ';' {
-            if depth == 0 && toks.last().is_some_and(|t| *t != Tok::End) {
-                toks.push(Tok::End);
-            }
-            i += 1;
-        } else if c == '\'' || c == '"' {
-            i = skip_string(&chars, i);
-        } else if is_ident_start(c) {
-            let start = i;
-            while i < chars.len() && is_ident_char(chars[i]) {
-                i += 1;
-            }
-            let word: String = chars[start..i].iter().collect();
-            let quote_next = matches!(chars.get(i), Some('\'' | '"'));
-            if quote_next && STRING_PREFIXES.contains(&word.to_ascii_lowercase().as_str()) {
-                i = skip_string(&chars, i);
-            } else {
-                toks.push(Tok::Name(word));
-            }
-        } else if c.is_ascii_digit()
-            || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit))
-        {
-            // A number, including `1.5e-3` and `0x1F`; never an attribute.
-            while i < chars.len() && (is_ident_char(chars[i]) || chars[i] == '.') {
-                let exp =
-                    matches!(chars[i], 'e' | 'E') && matches!(chars.get(i + 1), Some('+' | '-'));
-                i += if exp { 2 } else { 1 };
-            }
-        } else {
-            match c {
-                '(' | '[' | '{' => depth += 1,
-                ')' | ']' | '}' => depth = depth.saturating_sub(1),
-                _ => {}
-            }
-            toks.push(match c {
-                '.' => Tok::Dot,
-                ',' => Tok::Comma,
-                '*' => Tok::Star,
-                ' ' | '\t' | '\r' | '\x0c' => {
-                    i += 1;
-                    continue;
-                }
-                _ => Tok::Other,
-            });
-            i += 1;
+    for t in python::tokens(code) {
+        let tok = match (t.kind, t.text) {
+            (TokenKind::Name, name) => Tok::Name(name.to_owned()),
+            (TokenKind::Newline, _) | (TokenKind::Op, ";") => Tok::End,
+            (TokenKind::Op, ".") => Tok::Dot,
+            (TokenKind::Op, ",") => Tok::Comma,
+            (TokenKind::Op, "*") => Tok::Star,
+            (TokenKind::Op, _) => Tok::Other,
+            (TokenKind::String | TokenKind::Comment | TokenKind::Number, _) => continue,
+        };
+        if tok != Tok::End {
+            toks.push(tok);
+        } else if t.depth == 0 && toks.last().is_some_and(|t| *t != Tok::End) {
+            toks.push(Tok::End);
         }
     }
     toks
-}
-
-/// Index just past the string literal whose opening quote is at `i`.
-/// Backslash escapes are honoured (in raw strings too, where `\"` also
-/// does not close the string). An unterminated string runs to the end.
-fn skip_string(chars: &[char], i: usize) -> usize {
-    let q = chars[i];
-    let triple = chars.get(i + 1) == Some(&q) && chars.get(i + 2) == Some(&q);
-    let mut j = if triple { i + 3 } else { i + 1 };
-    while j < chars.len() {
-        match chars[j] {
-            '\\' => j += 2,
-            c if c == q => {
-                if !triple {
-                    return j + 1;
-                }
-                if chars.get(j + 1) == Some(&q) && chars.get(j + 2) == Some(&q) {
-                    return j + 3;
-                }
-                j += 1;
-            }
-            // A single-quoted string cannot span lines; stop so one stray
-            // quote does not hide the rest of the file.
-            '\n' if !triple => return j,
-            _ => j += 1,
-        }
-    }
-    chars.len()
 }
 
 /// Reads `a.b.c` starting at `toks[i]`; returns the parts and the next index.

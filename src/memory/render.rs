@@ -115,7 +115,7 @@ pub fn task_statement(task: &str) -> String {
 pub fn defined_functions(code: &str) -> Vec<&str> {
     let mut out: Vec<&str> = Vec::new();
     for line in code.lines().filter(|l| !l.starts_with(char::is_whitespace)) {
-        for name in crate::text::python_defs(line) {
+        for name in crate::text::python::defs(line) {
             if !out.contains(&name) {
                 out.push(name);
             }
