@@ -44,3 +44,7 @@ pub mod rollout;
 pub mod eval;
 
 pub mod train;
+
+// Plots, pages and ablation summaries drawn from what training and
+// evaluation wrote.
+pub mod report;

@@ -23,6 +23,7 @@ const ORDER: &[&[&str]] = &[
     &["rollout"],
     &["eval"],
     &["train"],
+    &["report"],
     &["cli"],
 ];
 

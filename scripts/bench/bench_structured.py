@@ -6,8 +6,9 @@ model through `falcon generate` (greedy) the old way (the old prompt, no
 prefill) and the new way (today's prompt, the answer's start prefilled, the
 stops falcon uses), and prints how many answers parse by the rules of
 src/rollout/repair.rs (`parse_plans`), src/memory/fixes.rs
-(`parse_suggestions`) and src/memory/guidelines.rs (`parse_task_guideline`),
-mirrored here. The prompts are close to, not byte-equal with, falcon's own:
+(`parse_suggestions`) and src/memory/guidelines/prompts.rs
+(`parse_task_guideline`), mirrored here. The prompts are close to, not
+byte-equal with, falcon's own:
 the end-to-end rates are the strategy stats of the render benchmark's arms.
 
   scripts/bench/run structured [--tasks 24]

@@ -8,11 +8,9 @@ use clap::Args;
 
 use super::{usage, LockArgs};
 use falcon_rl::config::Job;
+use falcon_rl::report::ablation::{finish_variant, summary_markdown, write_summary, SummaryError};
 use falcon_rl::run_dir::RunDir;
-use falcon_rl::train::ablate::{
-    finish_variant, prepare_variant, summary_markdown, write_summary, AblateError, Grid,
-    VariantState,
-};
+use falcon_rl::train::ablate::{prepare_variant, AblateError, Grid, VariantState};
 use falcon_rl::train::Start;
 
 #[derive(Args)]
@@ -34,6 +32,15 @@ pub struct AblateArgs {
 fn ablate_error(e: AblateError) -> anyhow::Error {
     match e {
         AblateError::Io(_) => e.into(),
+        e => usage(e),
+    }
+}
+
+/// The same split for the summary: a failed write is ours, a run directory
+/// that cannot be summarised or drawn is the user's.
+fn summary_error(e: SummaryError) -> anyhow::Error {
+    match e {
+        SummaryError::Io(_) => e.into(),
         e => usage(e),
     }
 }
@@ -108,9 +115,9 @@ pub fn run(args: AblateArgs) -> Result<()> {
         let start = if resume { Start::Resume } else { Start::New };
         super::train::train(cfg, Job::Train, start, args.lock)
             .with_context(|| format!("variant `{name}`"))?;
-        rows.push(finish_variant(cfg).map_err(ablate_error)?);
+        rows.push(finish_variant(cfg).map_err(summary_error)?);
     }
-    let files = write_summary(&grid, &out, &rows).map_err(ablate_error)?;
+    let files = write_summary(&grid, &out, &rows).map_err(summary_error)?;
     print!("{}", summary_markdown(&grid, &rows));
     eprintln!(
         "falcon: {n} variants; summary {} ({} files in {})",

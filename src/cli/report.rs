@@ -7,7 +7,7 @@ use anyhow::Result;
 use clap::Args;
 
 use super::usage;
-use falcon_rl::eval::report::{load_run, write_report};
+use falcon_rl::report::{load_run, write_report};
 use falcon_rl::run_dir::RunDir;
 
 #[derive(Args)]

@@ -12,10 +12,9 @@
 //! [`rescore`] scores a result's saved answers again.
 //! `train` calls [`evaluate`] (zero-shot) for its
 //! before/after held-out figures; [`job::run`] is a whole `falcon eval`
-//! from a config; plots and pages are in [`report`].
+//! from a config; plots and pages are `crate::report`'s.
 
 pub mod job;
-pub mod report;
 
 use std::collections::BTreeMap;
 use std::path::Path;

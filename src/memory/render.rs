@@ -115,7 +115,7 @@ pub fn task_statement(task: &str) -> String {
 pub fn defined_functions(code: &str) -> Vec<&str> {
     let mut out: Vec<&str> = Vec::new();
     for line in code.lines().filter(|l| !l.starts_with(char::is_whitespace)) {
-        for name in crate::text::python_defs(line) {
+        for name in crate::text::python::defs(line) {
             if !out.contains(&name) {
                 out.push(name);
             }
@@ -183,6 +183,12 @@ pub fn changed_lines(before: &str, after: &str, max_lines: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn defined_functions_are_column_zero_def_lines_even_in_strings() {
+        let code = "def a():\n    def b(): pass\n\"\"\"\ndef doc():\n\"\"\"\nasync def c(): pass\ndef a(): pass\n";
+        assert_eq!(defined_functions(code), ["a", "doc", "c"]);
+    }
 
     #[test]
     fn renaming_replaces_whole_words_only() {

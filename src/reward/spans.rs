@@ -18,6 +18,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::text::python::{self, LineBreak};
+
 /// A run of completion tokens sharing one fine-grained reward.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct TokenSpan {
@@ -145,16 +147,17 @@ pub fn answer_code(text: &str, cut_off: bool) -> (usize, &str) {
 /// `finally`). Code with one top-level statement is returned whole: there
 /// is nothing complete to keep.
 pub fn complete_statements(code: &str) -> &str {
+    // Line by line, a single-quoted string never outlives its line.
+    let states = python::line_starts(code, LineBreak::AlwaysEnds);
     let mut starts: Vec<usize> = Vec::new();
-    let mut depth = 0usize;
-    let mut in_triple: Option<u8> = None;
     let mut continued = false;
     let mut after_decorator = false;
     let mut at = 0;
-    for line in code.split_inclusive('\n') {
+    for (i, line) in code.split_inclusive('\n').enumerate() {
         let text = line.trim_end_matches(['\n', '\r']);
-        let top = in_triple.is_none()
-            && depth == 0
+        let here = states[i];
+        let top = !here.in_string
+            && here.depth == 0
             && !continued
             && text.starts_with(|c: char| !c.is_whitespace())
             && !text.starts_with('#')
@@ -165,8 +168,8 @@ pub fn complete_statements(code: &str) -> &str {
             }
             after_decorator = text.starts_with('@');
         }
-        scan_line(text.as_bytes(), &mut depth, &mut in_triple);
-        continued = in_triple.is_none() && text.ends_with('\\');
+        let next = states.get(i + 1).copied().unwrap_or_default();
+        continued = !next.in_string && text.ends_with('\\');
         at += line.len();
     }
     match starts.as_slice() {
@@ -183,45 +186,6 @@ fn is_clause(line: &str) -> bool {
         .take_while(|c| c.is_ascii_alphabetic())
         .collect();
     matches!(word.as_str(), "else" | "elif" | "except" | "finally")
-}
-
-/// Bracket depth and open triple-quoted string after one line of Python.
-/// Every byte it looks at is ASCII, so UTF-8 text passes through whole.
-fn scan_line(b: &[u8], depth: &mut usize, in_triple: &mut Option<u8>) {
-    let mut i = 0;
-    while i < b.len() {
-        if let Some(q) = *in_triple {
-            if b[i] == b'\\' {
-                i += 2;
-                continue;
-            }
-            if b[i..].starts_with(&[q, q, q]) {
-                *in_triple = None;
-                i += 3;
-            } else {
-                i += 1;
-            }
-            continue;
-        }
-        match b[i] {
-            b'#' => return,
-            q @ (b'"' | b'\'') => {
-                if b[i..].starts_with(&[q, q, q]) {
-                    *in_triple = Some(q);
-                    i += 3;
-                    continue;
-                }
-                i += 1;
-                while i < b.len() && b[i] != q {
-                    i += if b[i] == b'\\' { 2 } else { 1 };
-                }
-            }
-            b'(' | b'[' | b'{' => *depth += 1,
-            b')' | b']' | b'}' => *depth = depth.saturating_sub(1),
-            _ => {}
-        }
-        i += 1;
-    }
 }
 
 /// Byte range `[start, end)` of each 1-based line's text in `code` (no newline).
@@ -394,6 +358,45 @@ mod tests {
             "def f(x):\n    return (x"
         );
         assert_eq!(complete_statements(""), "");
+    }
+
+    #[test]
+    fn statement_starts_skip_every_kind_of_string_and_comment() {
+        let cs = complete_statements;
+        // Brackets inside strings, f-strings, byte and raw strings and
+        // comments open nothing.
+        let code = "s = \"(\" + f\"{x}[\" + b'{' + r'('\nt = 1  # (\nu(";
+        assert_eq!(
+            cs(code),
+            "s = \"(\" + f\"{x}[\" + b'{' + r'('\nt = 1  # (\n"
+        );
+        // An escaped quote does not close its string.
+        let code = "s = \"a\\\"(\"\nt = 'it\\'s ['\nu(";
+        assert_eq!(cs(code), "s = \"a\\\"(\"\nt = 'it\\'s ['\n");
+        // A triple quote escaped inside a docstring does not close it.
+        let code = "s = \"\"\"a\\\"\"\"\nstill\n\"\"\"\nt = 1\nu(";
+        assert_eq!(cs(code), "s = \"\"\"a\\\"\"\"\nstill\n\"\"\"\nt = 1\n");
+        let code = "s = '''x\n'''; t = (1,\n2)\nu = 1\nv(";
+        assert_eq!(cs(code), "s = '''x\n'''; t = (1,\n2)\nu = 1\n");
+        // A single-quoted string ends with its line, even after a backslash
+        // (whose line then continues into the next).
+        let code = "s = 'abc\nt = (1\n)\nu(";
+        assert_eq!(cs(code), "s = 'abc\nt = (1\n)\n");
+        let code = "x = 'a\\\nb = 2\nc = 3\nd(";
+        assert_eq!(cs(code), "x = 'a\\\nb = 2\nc = 3\n");
+        let code = "x = 'a\\\nb = (1\nc = 3\nd(";
+        assert_eq!(cs(code), code, "the bracket on the continued line counts");
+        // A line ending in a backslash continues, a comment's too.
+        let code = "a = 1  # note \\\nb = 2\nc(";
+        assert_eq!(cs(code), "a = 1  # note \\\nb = 2\n");
+        // CRLF lines; a stray closing bracket does not go below zero.
+        assert_eq!(cs("a = 1\r\nb = 2\r\nc("), "a = 1\r\nb = 2\r\n");
+        assert_eq!(cs(")\nx = 1\ny("), ")\nx = 1\n");
+        // A `#` inside a string is no comment: its bracket still counts.
+        assert_eq!(cs("s = '#' + (\n1)\nt = 2\nu("), "s = '#' + (\n1)\nt = 2\n");
+        // A bracket closed only inside a string leaves the rest inside it.
+        let code = "x = [\n'''\n]\n'''\ny = 1\nz(";
+        assert_eq!(cs(code), code);
     }
 
     #[test]

@@ -8,18 +8,40 @@
 //! Pure logic: embedding, similar-task search and persistence live
 //! elsewhere. Every state type is serde, so a store can save it as JSON.
 //!
+//! This file owns [`MemCoderMemory`] (retrieval, the Eq. 4 context and
+//! evolution); the doc loader (`api_docs`), the entries and the Eq. 5
+//! update (`entries`), the reflector's prompts and answers (`prompts`) and
+//! used-API extraction (`apis_used`) are its submodules, re-exported here.
+//!
 //! Where the paper is silent we chose, and say so: the Eq. 5 constants, the
 //! reflector's answer format (`GUIDELINE:` / `ACTION:` lines), the order of
 //! candidate APIs, and what `Delete` does with the candidate guideline.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
+mod api_docs;
+mod apis_used;
+mod entries;
+mod prompts;
+
+use api_docs::is_dotted_name;
+pub use api_docs::{load_api_docs, parse_api_docs, ApiDoc};
+pub use apis_used::apis_used;
+pub use entries::{ApiEntry, Guideline, TaskEntry};
+pub use prompts::{
+    api_reflection_prompt, feedback_text, parse_api_reflection, parse_task_guideline,
+    task_reflection_prompt, ReflectStats, Reflection, API_ANSWER_FORMAT, REFLECTION_PREFILL,
+    TASK_ANSWER_FORMAT,
+};
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::exec::{ExecReport, RewardClass, TestStatus};
+use crate::exec::{ExecReport, RewardClass};
 use crate::memory::render::{task_statement, View};
 use crate::model::{GenerationParams, Generator, ModelError};
+
+pub use crate::config::{MemCoderParams, WeightParams};
 
 /// Everything that can go wrong in this module. Doc-file errors carry
 /// `path:line` so a user knows which entry to fix.
@@ -49,478 +71,12 @@ pub enum MemcoderError {
 }
 
 // ---------------------------------------------------------------------------
-// Static documentation D.
-
-/// One API of the private library's static documentation (`D_a`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ApiDoc {
-    /// Fully qualified, e.g. `numpy.zeros`.
-    pub name: String,
-    pub signature: String,
-    pub description: String,
-    /// The definition's source code, when the docs carry it.
-    #[serde(default)]
-    pub source: Option<String>,
-}
-
-/// Reads API docs from a JSON array or a JSONL file (one object per line,
-/// blank lines skipped). Names must be dotted identifiers and unique.
-pub fn load_api_docs(path: &Path) -> Result<Vec<ApiDoc>, MemcoderError> {
-    let text = std::fs::read_to_string(path).map_err(|source| MemcoderError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
-    parse_api_docs(&text, path)
-}
-
-/// [`load_api_docs`] on text already read; `path` only names the errors.
-pub fn parse_api_docs(text: &str, path: &Path) -> Result<Vec<ApiDoc>, MemcoderError> {
-    let bad = |line: usize, reason: String| MemcoderError::BadDoc {
-        path: path.to_owned(),
-        line,
-        reason,
-    };
-    let mut entries: Vec<(usize, &str)> = Vec::new();
-    if text.trim_start().starts_with('[') {
-        // Check the whole array first so syntax errors get serde's line; then
-        // parse element by element so field errors point at their element.
-        if let Err(e) = serde_json::from_str::<Vec<serde_json::Value>>(text) {
-            return Err(bad(e.line(), e.to_string()));
-        }
-        for (start, end) in array_elements(text) {
-            entries.push((line_of(text, start), &text[start..end]));
-        }
-    } else {
-        for (i, line) in text.lines().enumerate() {
-            if !line.trim().is_empty() {
-                entries.push((i + 1, line));
-            }
-        }
-    }
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    let mut docs = Vec::with_capacity(entries.len());
-    for (line, json) in entries {
-        let doc: ApiDoc = serde_json::from_str(json)
-            .map_err(|e| bad(line + e.line().saturating_sub(1), e.to_string()))?;
-        if !is_dotted_name(&doc.name) {
-            return Err(bad(
-                line,
-                format!(
-                    "API name {:?} is not a dotted identifier like `pkg.mod.func`",
-                    doc.name
-                ),
-            ));
-        }
-        if let Some(first) = seen.insert(doc.name.clone(), line) {
-            return Err(bad(
-                line,
-                format!("duplicate API {:?} (first at line {first})", doc.name),
-            ));
-        }
-        docs.push(doc);
-    }
-    Ok(docs)
-}
-
-/// Byte ranges of the top-level elements of a JSON array that serde has
-/// already accepted, so only strings and nesting need tracking.
-fn array_elements(text: &str) -> Vec<(usize, usize)> {
-    let mut out = Vec::new();
-    let (mut depth, mut in_str, mut escaped) = (0usize, false, false);
-    let mut start: Option<usize> = None;
-    for (i, b) in text.bytes().enumerate() {
-        if in_str {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_str = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'[' | b'{' => {
-                if depth == 1 && start.is_none() {
-                    start = Some(i);
-                }
-                depth += 1;
-            }
-            b']' | b'}' => {
-                depth -= 1;
-                if depth == 0 {
-                    out.extend(start.take().map(|s| (s, i)));
-                }
-            }
-            b',' if depth == 1 => out.extend(start.take().map(|s| (s, i))),
-            b' ' | b'\t' | b'\r' | b'\n' => {}
-            _ => {
-                if b == b'"' {
-                    in_str = true;
-                }
-                if depth == 1 && start.is_none() {
-                    start = Some(i);
-                }
-            }
-        }
-    }
-    out
-}
-
-fn line_of(text: &str, byte: usize) -> usize {
-    text[..byte].matches('\n').count() + 1
-}
-
-fn is_dotted_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.split('.').all(|part| {
-            part.chars().next().is_some_and(is_ident_start) && part.chars().all(is_ident_char)
-        })
-}
-
-// ---------------------------------------------------------------------------
-// Memory entries.
-
-/// A task-level entry `m_Task = ⟨r, c, f, A_used, g_Task⟩` (Eq. 1). The
-/// requirement `r` is its index key; embedding it is done elsewhere.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TaskEntry {
-    pub requirement: String,
-    pub code: String,
-    /// Execution feedback `f` ([`feedback_text`]).
-    pub feedback: String,
-    /// Documented APIs the code uses, in order of first use.
-    pub apis_used: Vec<String>,
-    /// `g_Task`; empty when the reflector's answer was unparseable.
-    pub guideline: String,
-    pub passed: bool,
-}
-
-/// One usage guideline `g ∈ G_a` with its weight `w`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Guideline {
-    /// Unique across the whole memory, assigned in creation order from 1.
-    pub id: u64,
-    pub text: String,
-    pub weight: f64,
-}
-
-/// An API-level entry `m_API = ⟨a, D_a, C_a, G_a⟩` (Eq. 2).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ApiEntry {
-    pub name: String,
-    pub doc: ApiDoc,
-    /// `C_a`: code of passing solutions that use this API, oldest first.
-    pub snippets: Vec<String>,
-    /// `G_a`: the active guidelines.
-    pub guidelines: Vec<Guideline>,
-    /// Guidelines removed by a `Delete` routing. §IV-D says the obsolete
-    /// entry is "marked for deletion" (Fig. 3 still shows it), so it is kept
-    /// here for inspection but never retrieved, reweighted or deletable again.
-    #[serde(default)]
-    pub retired: Vec<Guideline>,
-}
-
-impl ApiEntry {
-    /// The `k` highest-weighted active guidelines; ties go to the older id.
-    pub fn top_guidelines(&self, k: usize) -> Vec<&Guideline> {
-        let mut g: Vec<&Guideline> = self.guidelines.iter().collect();
-        g.sort_by(|a, b| b.weight.total_cmp(&a.weight).then(a.id.cmp(&b.id)));
-        g.truncate(k);
-        g
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Parameters and Eq. 5.
-
-pub use crate::config::{MemCoderParams, WeightParams};
-
-impl WeightParams {
-    /// Eq. 5: `w + Δw+` on success, `max(w_min, w − Δw−)` on failure.
-    pub fn update(&self, w: f64, passed: bool) -> f64 {
-        if passed {
-            w + self.delta_plus
-        } else {
-            (w - self.delta_minus).max(self.w_min)
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Reflector answers.
-
-/// The routing decision for one API's candidate guideline `ĝ` (§IV-D).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "action", rename_all = "snake_case")]
-pub enum Reflection {
-    /// `ĝ` is redundant with `D_a` or `G_a`.
-    Discard,
-    /// `ĝ` invalidates the existing guideline with this id. Following the
-    /// paper literally, the obsolete entry is retired and `ĝ` is not added.
-    Delete { guideline_id: u64 },
-    /// `ĝ` is a new insight, added with `w_init`.
-    Add { text: String },
-}
-
-/// Counts of what the reflector's answers did, for logs and health checks.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ReflectStats {
-    pub task_guidelines: u64,
-    pub added: u64,
-    pub deleted: u64,
-    pub discarded: u64,
-    /// Answers with no unambiguous reading, including a `DELETE` of an id
-    /// the API does not have. They changed nothing.
-    pub unparseable: u64,
-}
-
-/// The placeholder answer format earlier API-level prompts showed; the
-/// parser refuses an answer that copies it.
-pub const API_ANSWER_FORMAT: &str = "GUIDELINE: <the candidate guideline, on one line>
-ACTION: ADD | DELETE <id> | DISCARD";
-
-/// The placeholder earlier task-level prompts showed; the parser refuses
-/// an answer that copies it.
-pub const TASK_ANSWER_FORMAT: &str = "GUIDELINE: <the guideline, on one line>";
-
-/// How every reflector answer starts: written for the model, which
-/// continues it. The prompts show no placeholder line: SmolLM2-135M copies
-/// a placeholder, and without the prefill it repeats the instruction
-/// (docs/results/eval.md).
-pub const REFLECTION_PREFILL: &str = "GUIDELINE:";
-
-/// The task-level reflection prompt: distil `g_Task` from `(r, c, f)`.
-pub fn task_reflection_prompt(
-    requirement: &str,
-    code: &str,
-    feedback: &str,
-    apis: &[&ApiDoc],
-) -> String {
-    let verdict = verdict_word(feedback);
-    let mut p = String::from(
-        "You are reviewing a solution that uses a private Python library, to record a reusable lesson for future tasks.\n\n",
-    );
-    p.push_str(&format!("Requirement:\n{}\n\n", requirement.trim_end()));
-    p.push_str(&format!("Code:\n{}\n", fenced(code, "python")));
-    p.push_str(&format!("Execution feedback:\n{}\n\n", feedback.trim_end()));
-    p.push_str("Library APIs the code uses:\n");
-    if apis.is_empty() {
-        p.push_str("(none)\n");
-    }
-    for d in apis {
-        p.push_str(&format!("- {}: {}\n", d.name, d.signature));
-    }
-    p.push_str(&format!(
-        "\nThe code {verdict}. What should a programmer remember about how these APIs are combined for requirements like this one (data dependencies, call order, conversions between them){}?\n\n",
-        if verdict == "passed" {
-            ", as shown by this working solution"
-        } else {
-            ", and which combination caused the failure"
-        }
-    ));
-    p.push_str("Answer with one sentence on a line that starts with \"GUIDELINE:\".");
-    p
-}
-
-/// The API-level reflection prompt: a candidate guideline `ĝ` for `api` and
-/// its routing against `D_a` and the current `G_a`, listed with their ids.
-pub fn api_reflection_prompt(
-    api: &ApiEntry,
-    requirement: &str,
-    code: &str,
-    feedback: &str,
-) -> String {
-    let mut p = format!(
-        "You are maintaining usage guidelines for the private library API `{}`.\n\n",
-        api.name
-    );
-    p.push_str(&format!(
-        "Documentation:\nSignature: {}\nDescription: {}\n",
-        api.doc.signature,
-        api.doc.description.trim_end()
-    ));
-    if let Some(src) = &api.doc.source {
-        p.push_str(&format!(
-            "Source:\n{}\n",
-            fenced(&truncate_chars(src, SOURCE_CAP), "python")
-        ));
-    }
-    p.push_str("\nCurrent guidelines for this API:\n");
-    if api.guidelines.is_empty() {
-        p.push_str("(none)\n");
-    }
-    for g in &api.guidelines {
-        p.push_str(&format!("[{}] (weight {:.2}) {}\n", g.id, g.weight, g.text));
-    }
-    p.push_str(&format!(
-        "\nA new task used this API.\nRequirement:\n{}\n\nCode:\n{}\nExecution feedback:\n{}\n\n",
-        requirement.trim_end(),
-        fenced(code, "python"),
-        feedback.trim_end()
-    ));
-    p.push_str(&format!(
-        "First write one candidate guideline about how to call `{}` correctly (parameter meaning, constraints, boundary conditions) that this outcome teaches. Then route it:\n\
-ADD: it is a new, verified insight not covered by the documentation or the current guidelines.\n\
-DELETE <id>: it shows that the current guideline with that id is wrong or obsolete; that guideline is removed.\n\
-DISCARD: it is redundant with the documentation or a current guideline.\n\n\
-Answer with two lines: one that starts with \"GUIDELINE:\", then one that starts with \"ACTION:\" followed by ADD, DELETE and the id, or DISCARD.",
-        api.name
-    ));
-    p
-}
-
-/// The task guideline in a task-level answer, or `None` when there is not
-/// exactly one (repeats of the same text are fine).
-pub fn parse_task_guideline(answer: &str) -> Option<String> {
-    let lines = answer_lines(answer)?;
-    single_value(&lines, "GUIDELINE")
-}
-
-/// The routing in an API-level answer, or `None` when it is missing,
-/// ambiguous, or deletes an id not in `valid_ids` (the API's active
-/// guidelines). `ADD` needs exactly one `GUIDELINE:` text.
-pub fn parse_api_reflection(answer: &str, valid_ids: &[u64]) -> Option<Reflection> {
-    let lines = answer_lines(answer)?;
-    let action = single_value(&lines, "ACTION")?;
-    let action = action.trim_end_matches('.');
-    let mut words = action.split_whitespace();
-    let verb = words.next()?.to_ascii_uppercase();
-    let arg = words.next();
-    if words.next().is_some() {
-        return None;
-    }
-    match (verb.as_str(), arg) {
-        ("ADD", None) => Some(Reflection::Add {
-            text: single_value(&lines, "GUIDELINE")?,
-        }),
-        ("DISCARD", None) => Some(Reflection::Discard),
-        ("DELETE", Some(id)) => {
-            let id = id
-                .strip_prefix('#')
-                .or_else(|| id.strip_prefix('[').and_then(|s| s.strip_suffix(']')))
-                .unwrap_or(id);
-            let id: u64 = id.parse().ok()?;
-            valid_ids
-                .contains(&id)
-                .then_some(Reflection::Delete { guideline_id: id })
-        }
-        _ => None,
-    }
-}
-
-/// The answer's lines outside `<think>` blocks, minus code-fence lines.
-/// `None` for an unclosed think block: its answer never came.
-fn answer_lines(answer: &str) -> Option<Vec<&str>> {
-    let mut kept = Vec::new();
-    let mut rest = answer;
-    while let Some(open) = rest.find("<think>") {
-        kept.push(&rest[..open]);
-        let close = rest[open..].find("</think>")?;
-        rest = &rest[open + close + "</think>".len()..];
-    }
-    kept.push(rest);
-    Some(
-        kept.into_iter()
-            .flat_map(str::lines)
-            .map(str::trim)
-            .filter(|l| !l.starts_with("```"))
-            .collect(),
-    )
-}
-
-/// The one distinct non-empty value of `MARKER:` lines; markdown bullets and
-/// emphasis around the marker are allowed, a template placeholder is not.
-fn single_value(lines: &[&str], marker: &str) -> Option<String> {
-    let mut found: Option<String> = None;
-    for line in lines {
-        let Some(v) = marker_value(line, marker) else {
-            continue;
-        };
-        if v.is_empty() || (v.starts_with('<') && v.ends_with('>')) {
-            return None;
-        }
-        match &found {
-            Some(prev) if *prev != v => return None,
-            _ => found = Some(v),
-        }
-    }
-    found
-}
-
-fn marker_value(line: &str, marker: &str) -> Option<String> {
-    let l = line.trim_start_matches(['-', '>', '*', '#', '_', ' ']);
-    let head = l.get(..marker.len())?;
-    if !head.eq_ignore_ascii_case(marker) {
-        return None;
-    }
-    let rest = l[marker.len()..].trim_start_matches(['*', '_']);
-    let value = rest.strip_prefix(':')?;
-    let value = value.trim_matches(|c: char| c.is_whitespace() || matches!(c, '*' | '_' | '`'));
-    Some(value.to_owned())
-}
-
-fn verdict_word(feedback: &str) -> &'static str {
-    if feedback.starts_with(SUCCESS) {
-        "passed"
-    } else {
-        "failed"
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Execution feedback f.
-
-const SUCCESS: &str = "Success";
-const FEEDBACK_TAIL_CAP: usize = 1500;
-const SOURCE_CAP: usize = 2000;
-const CONTEXT_FEEDBACK_CAP: usize = 600;
-
-/// The execution feedback `f` as text: `Success...` or `Failure...` with
-/// the first failing test's error, the error lines and the output tail.
-pub fn feedback_text(report: &ExecReport) -> String {
-    let Some(outcome) = report.outcome else {
-        return format!(
-            "No signal: {}",
-            report.no_signal.as_deref().unwrap_or("unknown")
-        );
-    };
-    if outcome == RewardClass::Pass {
-        return format!("{SUCCESS}: all {} tests passed.", report.tests.len());
-    }
-    let mut f = format!(
-        "Failure: {} of {} tests failed",
-        report.n_fail(),
-        report.tests.len()
-    );
-    if let Some(kind) = report.error_kind {
-        f.push_str(&format!("; first error: {}", kind.name()));
-    }
-    if let Some(t) = report.tests.iter().find(|t| t.status != TestStatus::Pass) {
-        match &t.status {
-            TestStatus::Error { message, .. } if !message.is_empty() => {
-                f.push_str(&format!(" in test {}: {}", t.index, message.trim()));
-            }
-            TestStatus::Fail => {
-                f.push_str(&format!(" in test {}: wrong result", t.index));
-            }
-            _ => {}
-        }
-    }
-    if !report.error_lines.is_empty() {
-        let lines: Vec<String> = report.error_lines.iter().map(u32::to_string).collect();
-        f.push_str(&format!("; error at line(s) {}", lines.join(", ")));
-    }
-    f.push('.');
-    let tail = report.output_tail.trim();
-    if !tail.is_empty() {
-        f.push_str("\nOutput:\n");
-        f.push_str(&tail_chars(tail, FEEDBACK_TAIL_CAP));
-    }
-    f
-}
-
-// ---------------------------------------------------------------------------
 // The memory.
+
+/// Characters of an API's source shown in a prompt or context.
+const SOURCE_CAP: usize = 2000;
+/// Characters of a similar task's feedback shown in a context.
+const CONTEXT_FEEDBACK_CAP: usize = 600;
 
 /// The context of Eq. 4 and what went into it.
 #[derive(Debug, Clone, PartialEq)]
@@ -1036,283 +592,6 @@ pub fn candidate_apis<S: AsRef<str>>(
 }
 
 // ---------------------------------------------------------------------------
-// Used-API extraction: a small Python lexer, enough for imports and
-// attribute chains.
-
-#[derive(Debug, Clone, PartialEq)]
-enum Tok {
-    Name(String),
-    Dot,
-    Comma,
-    Star,
-    /// The end of a logical line (or `;`).
-    End,
-    Other,
-}
-
-fn is_ident_start(c: char) -> bool {
-    c == '_' || c.is_alphabetic()
-}
-
-fn is_ident_char(c: char) -> bool {
-    c == '_' || c.is_alphanumeric()
-}
-
-const STRING_PREFIXES: [&str; 10] = ["r", "u", "b", "f", "br", "rb", "fr", "rf", "t", "tr"];
-
-/// Tokens of Python source with strings, comments and numbers dropped.
-/// Newlines inside brackets and after `\` do not end a line, as in Python.
-fn lex(code: &str) -> Vec<Tok> {
-    let chars: Vec<char> = code.chars().collect();
-    let mut toks = Vec::new();
-    let mut depth = 0usize;
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        if c == '#' {
-            while i < chars.len() && chars[i] != '\n' {
-                i += 1;
-            }
-        } else if c == '\\' && chars.get(i + 1) == Some(&'\n') {
-            i += 2;
-        } else if c == '\n' || c == ';' {
-            if depth == 0 && toks.last().is_some_and(|t| *t != Tok::End) {
-                toks.push(Tok::End);
-            }
-            i += 1;
-        } else if c == '\'' || c == '"' {
-            i = skip_string(&chars, i);
-        } else if is_ident_start(c) {
-            let start = i;
-            while i < chars.len() && is_ident_char(chars[i]) {
-                i += 1;
-            }
-            let word: String = chars[start..i].iter().collect();
-            let quote_next = matches!(chars.get(i), Some('\'' | '"'));
-            if quote_next && STRING_PREFIXES.contains(&word.to_ascii_lowercase().as_str()) {
-                i = skip_string(&chars, i);
-            } else {
-                toks.push(Tok::Name(word));
-            }
-        } else if c.is_ascii_digit()
-            || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit))
-        {
-            // A number, including `1.5e-3` and `0x1F`; never an attribute.
-            while i < chars.len() && (is_ident_char(chars[i]) || chars[i] == '.') {
-                let exp =
-                    matches!(chars[i], 'e' | 'E') && matches!(chars.get(i + 1), Some('+' | '-'));
-                i += if exp { 2 } else { 1 };
-            }
-        } else {
-            match c {
-                '(' | '[' | '{' => depth += 1,
-                ')' | ']' | '}' => depth = depth.saturating_sub(1),
-                _ => {}
-            }
-            toks.push(match c {
-                '.' => Tok::Dot,
-                ',' => Tok::Comma,
-                '*' => Tok::Star,
-                ' ' | '\t' | '\r' | '\x0c' => {
-                    i += 1;
-                    continue;
-                }
-                _ => Tok::Other,
-            });
-            i += 1;
-        }
-    }
-    toks
-}
-
-/// Index just past the string literal whose opening quote is at `i`.
-/// Backslash escapes are honoured (in raw strings too, where `\"` also
-/// does not close the string). An unterminated string runs to the end.
-fn skip_string(chars: &[char], i: usize) -> usize {
-    let q = chars[i];
-    let triple = chars.get(i + 1) == Some(&q) && chars.get(i + 2) == Some(&q);
-    let mut j = if triple { i + 3 } else { i + 1 };
-    while j < chars.len() {
-        match chars[j] {
-            '\\' => j += 2,
-            c if c == q => {
-                if !triple {
-                    return j + 1;
-                }
-                if chars.get(j + 1) == Some(&q) && chars.get(j + 2) == Some(&q) {
-                    return j + 3;
-                }
-                j += 1;
-            }
-            // A single-quoted string cannot span lines; stop so one stray
-            // quote does not hide the rest of the file.
-            '\n' if !triple => return j,
-            _ => j += 1,
-        }
-    }
-    chars.len()
-}
-
-/// Reads `a.b.c` starting at `toks[i]`; returns the parts and the next index.
-fn dotted(toks: &[Tok], mut i: usize) -> (Vec<String>, usize) {
-    let mut parts = Vec::new();
-    while let Some(Tok::Name(n)) = toks.get(i) {
-        parts.push(n.clone());
-        i += 1;
-        if toks.get(i) == Some(&Tok::Dot) && matches!(toks.get(i + 1), Some(Tok::Name(_))) {
-            i += 1;
-        } else {
-            break;
-        }
-    }
-    (parts, i)
-}
-
-/// Documented APIs used in Python `code`, qualified and in order of first
-/// use. `is_api` says whether a qualified name is in the docs.
-///
-/// Resolves `import x`, `import x.y as z`, `from x import y [as z]` and
-/// `from x import *` (a bare name `n` then tries `x.n`), then reads every
-/// attribute chain `alias.attr.attr` and every imported bare name, and keeps
-/// the longest documented prefix of the qualified chain (`np.random.rand(3)`
-/// → `numpy.random.rand`). Imports alone are not uses. Strings and comments
-/// are skipped, so names used only inside f-string braces are missed;
-/// relative imports and shadowing of an alias are ignored.
-pub fn apis_used(code: &str, is_api: impl Fn(&str) -> bool) -> Vec<String> {
-    let toks = lex(code);
-    let mut alias: HashMap<String, String> = HashMap::new();
-    let mut star_modules: Vec<String> = Vec::new();
-    // Start token of each import statement -> its end.
-    let mut import_spans: HashMap<usize, usize> = HashMap::new();
-
-    // Bindings first, so a use before a later import (inside a function)
-    // still resolves.
-    let mut i = 0;
-    while i < toks.len() {
-        let line_start = i == 0 || toks[i - 1] == Tok::End;
-        let end = toks[i..]
-            .iter()
-            .position(|t| *t == Tok::End)
-            .map_or(toks.len(), |p| i + p);
-        if line_start {
-            match &toks[i] {
-                Tok::Name(k) if k == "import" => {
-                    read_import(&toks[i + 1..end], &mut alias);
-                    import_spans.insert(i, end);
-                }
-                Tok::Name(k) if k == "from" => {
-                    read_from_import(&toks[i + 1..end], &mut alias, &mut star_modules);
-                    import_spans.insert(i, end);
-                }
-                _ => {}
-            }
-        }
-        i = end + 1;
-    }
-
-    let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < toks.len() {
-        if let Some(&end) = import_spans.get(&i) {
-            i = end;
-            continue;
-        }
-        let after_dot = i > 0 && toks[i - 1] == Tok::Dot;
-        if !matches!(toks[i], Tok::Name(_)) || after_dot {
-            i += 1;
-            continue;
-        }
-        let (parts, next) = dotted(&toks, i);
-        i = next;
-        let heads: Vec<String> = match alias.get(&parts[0]) {
-            Some(q) => vec![q.clone()],
-            None => star_modules
-                .iter()
-                .map(|m| format!("{m}.{}", parts[0]))
-                .collect(),
-        };
-        for head in heads {
-            let mut qualified: Vec<String> = head.split('.').map(str::to_owned).collect();
-            qualified.extend(parts[1..].iter().cloned());
-            let found = (1..=qualified.len())
-                .rev()
-                .map(|n| qualified[..n].join("."))
-                .find(|name| is_api(name));
-            if let Some(name) = found {
-                if seen.insert(name.clone()) {
-                    out.push(name);
-                }
-                break;
-            }
-        }
-    }
-    out
-}
-
-/// `import a.b [as z], c` (the tokens after `import`).
-fn read_import(toks: &[Tok], alias: &mut HashMap<String, String>) {
-    let mut i = 0;
-    while i < toks.len() {
-        let (parts, next) = dotted(toks, i);
-        if parts.is_empty() {
-            return;
-        }
-        i = next;
-        match (toks.get(i), toks.get(i + 1)) {
-            (Some(Tok::Name(k)), Some(Tok::Name(z))) if k == "as" => {
-                alias.insert(z.clone(), parts.join("."));
-                i += 2;
-            }
-            // `import a.b.c` binds `a`, through which the full path is reached.
-            _ => {
-                alias.insert(parts[0].clone(), parts[0].clone());
-            }
-        }
-        if toks.get(i) == Some(&Tok::Comma) {
-            i += 1;
-        }
-    }
-}
-
-/// `from a.b import c [as d], e` / `from a import (c, d)` / `from a import *`.
-fn read_from_import(
-    toks: &[Tok],
-    alias: &mut HashMap<String, String>,
-    star_modules: &mut Vec<String>,
-) {
-    if toks.first() == Some(&Tok::Dot) {
-        return; // Relative: not a library import.
-    }
-    let (module, mut i) = dotted(toks, 0);
-    if module.is_empty() || toks.get(i) != Some(&Tok::Name("import".into())) {
-        return;
-    }
-    let module = module.join(".");
-    i += 1;
-    while i < toks.len() {
-        match &toks[i] {
-            Tok::Star => star_modules.push(module.clone()),
-            Tok::Name(n) => {
-                let target = format!("{module}.{n}");
-                match (toks.get(i + 1), toks.get(i + 2)) {
-                    (Some(Tok::Name(k)), Some(Tok::Name(z))) if k == "as" => {
-                        alias.insert(z.clone(), target);
-                        i += 3;
-                        continue;
-                    }
-                    _ => {
-                        alias.insert(n.clone(), target);
-                    }
-                }
-            }
-            _ => {} // commas and parentheses
-        }
-        i += 1;
-    }
-}
-
-// ---------------------------------------------------------------------------
 // Text helpers.
 
 /// `code` in a fence longer than any backtick run inside it, ending in `\n`.
@@ -1343,10 +622,10 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::exec::{ErrorKind, TestResult};
+    use crate::exec::{ErrorKind, TestResult, TestStatus};
     use crate::model::{Completion, FinishReason};
 
-    const DOC_NAMES: [&str; 7] = [
+    pub(super) const DOC_NAMES: [&str; 7] = [
         "numpy.zeros",
         "numpy.random.rand",
         "numpy.linalg.norm",
@@ -1369,7 +648,7 @@ mod tests {
         MemCoderMemory::new(DOC_NAMES.iter().map(|n| doc(n)).collect(), params).unwrap()
     }
 
-    fn report(pass: bool) -> ExecReport {
+    pub(super) fn report(pass: bool) -> ExecReport {
         let status = if pass {
             TestStatus::Pass
         } else {
@@ -1406,27 +685,6 @@ mod tests {
             id,
             text: format!("guideline {id}"),
             weight,
-        }
-    }
-
-    #[test]
-    fn eq5_sequence_hits_the_floor_and_stays() {
-        // Binary-exact steps so the hand computation is exact.
-        let p = WeightParams {
-            w_init: 1.0,
-            delta_plus: 0.5,
-            delta_minus: 0.25,
-            w_min: 0.5,
-        };
-        p.validate().unwrap();
-        let outcomes = [
-            true, true, false, false, false, false, false, false, false, true,
-        ];
-        let want = [1.5, 2.0, 1.75, 1.5, 1.25, 1.0, 0.75, 0.5, 0.5, 1.0];
-        let mut w = p.w_init;
-        for (pass, want) in outcomes.iter().zip(want) {
-            w = p.update(w, *pass);
-            assert_eq!(w, want);
         }
     }
 
@@ -1494,60 +752,6 @@ mod tests {
             assert!(p.validate().is_err(), "{p:?}");
         }
         WeightParams::default().validate().unwrap();
-    }
-
-    #[test]
-    fn api_answers_parse_strictly() {
-        let ids = [17, 4];
-        let add = |t: &str| Some(Reflection::Add { text: t.into() });
-        for (answer, want) in [
-            ("GUIDELINE: Pass shape as a tuple.\nACTION: ADD", add("Pass shape as a tuple.")),
-            (
-                "Sure! Here is my answer:\n```\nGUIDELINE: g\nACTION: DELETE 17\n```\nHope it helps.",
-                Some(Reflection::Delete { guideline_id: 17 }),
-            ),
-            ("**ACTION:** DISCARD", Some(Reflection::Discard)),
-            ("- **Action**: discard.", Some(Reflection::Discard)),
-            ("ACTION: DELETE #4", Some(Reflection::Delete { guideline_id: 4 })),
-            ("action: delete [17]", Some(Reflection::Delete { guideline_id: 17 })),
-            ("GUIDELINE: `g`\nACTION: `ADD`", add("g")),
-            ("ACTION: ADD\nGUIDELINE: g\nACTION: ADD", add("g")),
-            ("<think>ACTION: DISCARD</think>\nGUIDELINE: g\nACTION: ADD", add("g")),
-        ] {
-            assert_eq!(parse_api_reflection(answer, &ids), want, "{answer:?}");
-        }
-        for answer in [
-            "",
-            "I would add it.",
-            "ACTION: DELETE 99",
-            "ACTION: DELETE",
-            "ACTION: DELETE 17 4",
-            "ACTION: DELETE seventeen",
-            "ACTION: ADD",
-            "ACTION: ADD | DELETE <id> | DISCARD",
-            API_ANSWER_FORMAT,
-            "GUIDELINE: <the candidate guideline, on one line>\nACTION: ADD",
-            "GUIDELINE: a\nGUIDELINE: b\nACTION: ADD",
-            "ACTION: ADD\nACTION: DISCARD",
-            "ACTION: ADD it",
-            "I think the ACTION: ADD\nGUIDELINE: g",
-            "<think>GUIDELINE: g\nACTION: ADD",
-        ] {
-            assert_eq!(parse_api_reflection(answer, &ids), None, "{answer:?}");
-        }
-        assert_eq!(
-            parse_task_guideline("Here you go.\n\nGUIDELINE: Convert with asarray first.\n"),
-            Some("Convert with asarray first.".into())
-        );
-        for answer in [
-            "",
-            "Convert first.",
-            "GUIDELINE:",
-            "GUIDELINE: a\nGUIDELINE: b",
-            TASK_ANSWER_FORMAT,
-        ] {
-            assert_eq!(parse_task_guideline(answer), None, "{answer:?}");
-        }
     }
 
     #[test]
@@ -1730,58 +934,6 @@ mod tests {
             t.ends_with("## Requirement\nCompute the row product.\n"),
             "{t}"
         );
-    }
-
-    #[test]
-    fn apis_used_resolves_aliases_and_skips_strings_and_comments() {
-        let docs: HashSet<String> = DOC_NAMES.iter().map(|s| s.to_string()).collect();
-        let code = r#"import numpy as np
-import numpy.linalg
-from ndonnx import (
-    asarray as arr,
-    broadcast_arrays,
-)
-from numba import cuda  # cuda.grid in a comment
-s = "np.random.rand(3)"  # np.zeros
-t = '''ndonnx.asarray
-numpy.zeros'''
-u = f"{np.zeros(1)}"
-
-@cuda.jit
-def k(x):
-    i = cuda.grid(1)
-
-def f(a):
-    x = arr(a)
-    y = np.random.rand(3).sum()
-    z = numpy.linalg.norm(x) + 1.5e-3
-    q = np.not_documented(1).zeros
-    w = np.zeros((2, 3)).__doc__
-    return broadcast_arrays(x, y), arr(x), rand(2), zeros
-"#;
-        assert_eq!(
-            apis_used(code, |n| docs.contains(n)),
-            vec![
-                "numba.cuda.jit",
-                "numba.cuda.grid",
-                "ndonnx.asarray",
-                "numpy.random.rand",
-                "numpy.linalg.norm",
-                "numpy.zeros",
-                "ndonnx.broadcast_arrays",
-            ]
-        );
-        // Star imports, `import a.b as z`, imports alone are not uses.
-        let code = "from numba.cuda import *\nimport numpy.random as npr\nimport ndonnx\n\
-                    i = grid(1); r = npr.rand(2)\nx = undefined_name(3)\n";
-        assert_eq!(
-            apis_used(code, |n| docs.contains(n)),
-            vec!["numba.cuda.grid", "numpy.random.rand"]
-        );
-        assert!(apis_used("import numpy as np\n", |n| docs.contains(n)).is_empty());
-        // An unterminated string does not swallow the following lines.
-        let code = "import numpy as np\ns = 'oops\nnp.zeros(1)\n";
-        assert_eq!(apis_used(code, |n| docs.contains(n)), vec!["numpy.zeros"]);
     }
 
     /// Answers reflector prompts from a script keyed by a prompt substring.
@@ -1983,58 +1135,7 @@ def f(a):
     }
 
     #[test]
-    fn docs_load_from_json_array_and_jsonl_with_line_errors() {
-        let p = Path::new("docs.json");
-        let array = r#"[
-  {"name": "numpy.zeros", "signature": "zeros(shape)", "description": "d"},
-  {"name": "ndonnx.asarray", "signature": "asarray(obj)",
-   "description": "d, with a ] and } in it", "source": "def asarray(obj): ..."}
-]"#;
-        let docs = parse_api_docs(array, p).unwrap();
-        assert_eq!(docs.len(), 2);
-        assert_eq!(docs[1].source.as_deref(), Some("def asarray(obj): ..."));
-        let jsonl = "{\"name\": \"a.b\", \"signature\": \"s\", \"description\": \"d\"}\n\n\
-                     {\"name\": \"a.c\", \"signature\": \"s\", \"description\": \"d\"}\n";
-        assert_eq!(parse_api_docs(jsonl, p).unwrap().len(), 2);
-
-        let err = |text: &str| parse_api_docs(text, p).unwrap_err().to_string();
-        let missing = "[\n  {\"name\": \"a.b\", \"signature\": \"s\", \"description\": \"d\"},\n  {\"name\": \"a.c\",\n   \"signature\": \"s\"}\n]";
-        assert!(
-            err(missing).starts_with("docs.json:4: missing field `description`"),
-            "{}",
-            err(missing)
-        );
-        let syntax = "[\n  {\"name\": \"a.b\",}\n]";
-        assert!(err(syntax).starts_with("docs.json:2: "), "{}", err(syntax));
-        let dup =
-            format!("{jsonl}{{\"name\": \"a.b\", \"signature\": \"s\", \"description\": \"d\"}}\n");
-        assert_eq!(
-            err(&dup),
-            "docs.json:4: duplicate API \"a.b\" (first at line 1)"
-        );
-        let badname = "{\"name\": \"a b\", \"signature\": \"s\", \"description\": \"d\"}\n";
-        assert!(err(badname).starts_with("docs.json:1: API name"));
-        let badline =
-            "{\"name\": \"a.b\", \"signature\": \"s\", \"description\": \"d\"}\nnot json\n";
-        assert!(
-            err(badline).starts_with("docs.json:2: "),
-            "{}",
-            err(badline)
-        );
-        assert!(matches!(
-            load_api_docs(Path::new("/nonexistent/docs.json")),
-            Err(MemcoderError::Io { .. })
-        ));
-    }
-
-    #[test]
-    fn feedback_text_summarises_the_report() {
-        assert_eq!(feedback_text(&report(true)), "Success: all 1 tests passed.");
-        let f = feedback_text(&report(false));
-        assert_eq!(
-            f,
-            "Failure: 1 of 1 tests failed; first error: TypeError in test 0: TypeError: shape must be a tuple; error at line(s) 3."
-        );
+    fn text_helpers_fence_and_clip() {
         assert!(fenced("a = '```'\n", "python").starts_with("````python\na = '```'\n````"));
         assert_eq!(truncate_chars("héllo", 2), "hé…");
         assert_eq!(tail_chars("héllo", 3), "…llo");

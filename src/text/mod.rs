@@ -1,6 +1,9 @@
 //! Small text helpers shared by several modules: clipping prompts,
-//! quoting a server's answer in an error message, the functions Python code
-//! defines, and where an answer's code block ends (the engines stop there).
+//! quoting a server's answer in an error message, and where an answer's
+//! code block ends (the engines stop there); [`python`] is the one scanner
+//! of Python source.
+
+pub mod python;
 
 /// The first `max` characters of `s`, followed by `marker` when anything
 /// was cut (each prompt says "cut" its own way: `…`, `\n... [cut]`).
@@ -19,23 +22,6 @@ pub fn body_excerpt(body: &str, max: usize) -> String {
         return "(empty body)".into();
     }
     clip(&flat, max, "…")
-}
-
-/// Names of all `def NAME(` in Python `code`, nested ones included, in
-/// order (an entry point may be defined inside `if`/`try`; a past entry's
-/// helpers are renamed in prompts).
-pub fn python_defs(code: &str) -> Vec<&str> {
-    code.lines()
-        .filter_map(|line| {
-            let rest = line.trim_start();
-            let rest = rest.strip_prefix("async ").unwrap_or(rest);
-            let rest = rest.strip_prefix("def ")?.trim_start();
-            let end = rest
-                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
-                .unwrap_or(rest.len());
-            Some(&rest[..end]).filter(|name| !name.is_empty())
-        })
-        .collect()
 }
 
 /// Byte offset just past the closing fence of the answer's first code
