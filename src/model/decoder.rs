@@ -11,6 +11,9 @@
 //!
 //! Padding is on the left; each sequence's positions start at 0 at its first
 //! real token, as `generate` in transformers computes them.
+//!
+//! One coherent thing over ~1,200 lines: the forward pass, its KV cache and
+//! the tests that pin them belong together.
 
 use tch::nn::Path;
 use tch::{Device, Kind, Tensor};

@@ -19,6 +19,9 @@
 //! hyperparameters and step count as JSON metadata. Loading checks every name
 //! and shape against the parameters; a resume on the CPU then reproduces the
 //! uninterrupted run bit for bit.
+//!
+//! One coherent thing over ~1,200 lines: the optimizers share their state
+//! layout, checkpoint format and tests against PyTorch's reference numbers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
