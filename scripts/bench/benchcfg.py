@@ -181,11 +181,10 @@ micro_batch = {micro_batch}
 {meta_section}"""
 
 
-def rollout_config(name, runs, model, tasks, a, engine, overlap=False):
-    """bench_rollout: one side's RL steps, which differ only in [rollout] engine (and vLLM's
-    overlap); `tasks` is write_step_tasks' file."""
-    return run_header(name, runs, model, seed=a.seed, lora_rank=a.lora_rank,
-                      dropout=0.0, device=a.device) + f"""[generation]
+def rl_steps(tasks, a):
+    """What bench_rollout's and bench_train's runs share: `a.steps` single-level RL steps of
+    `a.prompts` tasks × `a.generations` samples from `tasks`, scored by the static judge."""
+    return f"""[generation]
 max_new_tokens = {a.max_new_tokens}
 temperature = 1.0
 [tasks]
@@ -202,7 +201,14 @@ lr = 1e-5
 advantage = "group_mean"
 checkpoint_every = {a.steps}
 keep_last = 1
-[rollout]
+"""
+
+
+def rollout_config(name, runs, model, tasks, a, engine, overlap=False):
+    """bench_rollout: one side's RL steps, which differ only in [rollout] engine (and vLLM's
+    overlap); `tasks` is write_step_tasks' file."""
+    return run_header(name, runs, model, seed=a.seed, lora_rank=a.lora_rank,
+                      dropout=0.0, device=a.device) + rl_steps(tasks, a) + f"""[rollout]
 engine = "{engine}"
 [rollout.vllm]
 max_model_len = 2048
@@ -215,24 +221,7 @@ def train_config(runs, model, tasks, a):
     """bench_train: falcon's side of the RL step, the settings TRL's side mirrors; `tasks` is
     write_step_tasks' file."""
     return run_header("bench", runs, model, seed=a.seed, lora_rank=a.lora_rank,
-                      dropout=0.0) + f"""[generation]
-max_new_tokens = {a.max_new_tokens}
-temperature = 1.0
-[tasks]
-path = {json.dumps(tasks)}
-[reward]
-judge = "static"
-[memory]
-embedder = "hash"
-[train]
-steps = {a.steps}
-tasks_per_step = {a.prompts}
-group_size = {a.generations}
-lr = 1e-5
-advantage = "group_mean"
-checkpoint_every = {a.steps}
-keep_last = 1
-shared_prefix = {"true" if a.shared_prefix == "on" else "false"}
+                      dropout=0.0) + rl_steps(tasks, a) + f"""shared_prefix = {"true" if a.shared_prefix == "on" else "false"}
 autocast = "{a.autocast}"
 [train.loss]
 pg = 1.0
