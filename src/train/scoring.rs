@@ -217,14 +217,13 @@ pub fn generate_adapted(
     q: usize,
     timer: &mut Timer,
 ) -> Result<Vec<Generated>, TrainError> {
-    if s.engine.is_some() {
+    if let Some(engine) = s.engine.as_mut() {
         let params = generation_params(&s.cfg.generation, 0);
-        let rows: Vec<(&[(String, tch::Tensor)], &str, u64)> = each
+        let rows: Vec<crate::model::vllm::FastRow> = each
             .iter()
             .map(|(fast, _, prompt, seed)| (fast.as_slice(), prompt.as_str(), *seed))
             .collect();
         let tag = format!("s{}", s.step);
-        let engine = s.engine.as_mut().expect("checked above");
         let t0 = Instant::now();
         let mut comps = engine.generate_adapted(s.policy, &rows, q, &params, &tag)?;
         timer.add_since("generate", t0);

@@ -15,6 +15,7 @@ use super::file::*;
 use super::tokenizer::*;
 use super::GgufError;
 
+/// Element type of the written `model.safetensors`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutDtype {
     F32,
@@ -528,8 +529,6 @@ pub(super) fn write_safetensors(
     }
     Ok(parameters)
 }
-
-/// The three tokenizer files, rendered.
 
 #[cfg(test)]
 mod tests {

@@ -673,8 +673,6 @@ pub(super) fn dequantize_bytes(type_id: u32, bytes: &[u8], n: usize) -> Option<V
     Some(out)
 }
 
-/// Element type of the written `model.safetensors`.
-
 #[cfg(test)]
 mod tests {
     use super::super::testing::*;

@@ -10,6 +10,7 @@ use super::convert::*;
 use super::file::*;
 use super::GgufError;
 
+/// The three tokenizer files, rendered.
 pub(super) struct TokenizerFiles {
     pub(super) tokenizer_json: String,
     pub(super) tokenizer_config: Value,

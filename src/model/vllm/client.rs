@@ -44,8 +44,6 @@ impl Clone for VllmClient {
     }
 }
 
-/// A generation running in the background ([`VllmEngine::spawn_generate`]).
-
 impl VllmClient {
     pub fn new(urls: &[String], request_timeout: Duration, parallel: usize) -> Self {
         VllmClient {
@@ -345,8 +343,6 @@ struct CompletionChoice {
 struct ChoiceLogprobs {
     token_logprobs: Vec<Option<f64>>,
 }
-
-/// The vLLM engine: a managed server or given URLs, the model name requests
 
 #[cfg(test)]
 mod tests {

@@ -15,6 +15,10 @@ use crate::model::generate::encode_prompts;
 use crate::model::TextTokenizer;
 use crate::model::{Completion, GenerationParams, Generator, ModelError, Policy};
 
+/// One entry of [`VllmEngine::generate_adapted`]: fast weights (LoRA
+/// factors by VarStore name), the prompt, and the entry's seed.
+pub type FastRow<'a> = (&'a [(String, tch::Tensor)], &'a str, u64);
+
 /// A generation running in the background ([`VllmEngine::spawn_generate`]).
 pub struct Pending {
     handle: std::thread::JoinHandle<Result<Vec<Completion>, ModelError>>,
@@ -31,6 +35,7 @@ impl Pending {
     }
 }
 
+/// The vLLM engine: a managed server or given URLs, the model name requests
 /// use, and which policy version the servers hold.
 pub struct VllmEngine {
     server: Option<VllmServer>,
@@ -370,7 +375,7 @@ impl VllmEngine {
     pub fn generate_adapted(
         &mut self,
         policy: &Policy,
-        each: &[(&[(String, tch::Tensor)], &str, u64)],
+        each: &[FastRow],
         n: usize,
         params: &GenerationParams,
         tag: &str,

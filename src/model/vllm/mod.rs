@@ -25,7 +25,7 @@ mod engine;
 mod server;
 
 pub use client::{row_seed, Row, VllmClient};
-pub use engine::{Pending, VllmEngine};
+pub use engine::{FastRow, Pending, VllmEngine};
 pub use server::{ServerSpec, VllmServer};
 
 /// How much of a response body or a log an error message quotes.
