@@ -294,13 +294,26 @@ fn hostile_code_through_the_service_is_contained_and_the_server_keeps_serving() 
         ("network", "import socket\ndef f(a, b):\n    socket.create_connection(('1.1.1.1', 80), timeout=1)\n    return a + b\n"),
         ("write outside", "def f(a, b):\n    open('/etc/falcon-pwned', 'w').write('x')\n    return a + b\n"),
     ];
+    // The sandbox already reruns a sample starved of CPU once; with the
+    // whole suite sharing two cores it can starve twice, which says nothing
+    // about containment, so the test asks again rather than fail.
+    let run = |code: &str| {
+        let mut r = client.run(&task, code);
+        for _ in 0..3 {
+            if !r.no_signal.as_deref().is_some_and(|w| w.contains("starved")) {
+                break;
+            }
+            r = client.run(&task, code);
+        }
+        r
+    };
     for (what, code) in attacks {
-        let r = client.run(&task, code);
+        let r = run(code);
         assert!(r.no_signal.is_none(), "{what}: {r:?}");
         assert_ne!(r.outcome, Some(RewardClass::Pass), "{what}: {r:?}");
         assert_eq!(procs_of_uid(uid), 0, "{what}: processes left behind");
         assert_eq!(
-            client.run(&task, add).outcome,
+            run(add).outcome,
             Some(RewardClass::Pass),
             "after {what}"
         );
