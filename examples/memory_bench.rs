@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use falcon_rl::exec::ExecReport;
-use falcon_rl::memory::long_term::Experience;
+use falcon_rl::memory::long_term::LongTermRecord;
 use falcon_rl::memory::{ExactIndex, HashEmbedder, LongTerm, VectorIndex};
 use tch::{Device, Tensor};
 
@@ -131,18 +131,20 @@ fn main() {
         Box::new(ExactIndex::new(384, Device::Cpu)),
     )
     .unwrap();
-    let batch_in: Vec<Experience> = (0..10_000)
-        .map(|i| Experience {
-            step: i / 100,
-            task_id: format!("task/{i}"),
-            task_text: format!("Write a function number {i} that sorts a list of {} integers and returns the median.", i % 97),
-            code: format!("def f(xs):\n    xs = sorted(xs)\n    return xs[len(xs) // 2]  # {i}\n"),
-            report: ExecReport::no_signal("bench"),
-            rewards: Default::default(),
+    let batch_in: Vec<LongTermRecord> = (0..10_000)
+        .map(|i| {
+            LongTermRecord::new(
+                i / 100,
+                format!("task/{i}"),
+                format!("Write a function number {i} that sorts a list of {} integers and returns the median.", i % 97),
+                format!("def f(xs):\n    xs = sorted(xs)\n    return xs[len(xs) // 2]  # {i}\n"),
+                ExecReport::no_signal("bench"),
+                Default::default(),
+            )
         })
         .collect();
     let t = Instant::now();
-    lt.insert(&emb, &batch_in).unwrap();
+    lt.insert(&emb, batch_in).unwrap();
     out["insert_10k_s"] = serde_json::json!(t.elapsed().as_secs_f64());
     println!("{out}");
 }

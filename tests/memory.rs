@@ -8,7 +8,7 @@ use std::process::Command;
 
 use falcon_rl::exec::{ErrorKind, ExecReport, TestResult, TestStatus};
 use falcon_rl::memory::embed::{default_minilm_dir, Embedder, HashEmbedder, MiniLm};
-use falcon_rl::memory::long_term::{table7_prompt, Experience};
+use falcon_rl::memory::long_term::{table7_prompt, LongTermRecord};
 use falcon_rl::memory::{ExactIndex, LongTerm};
 use tch::{Device, Kind, Tensor};
 
@@ -83,7 +83,7 @@ fn report(pass: bool, kind: ErrorKind, message: &str) -> ExecReport {
     )
 }
 
-fn corpus() -> Vec<Experience> {
+fn corpus() -> Vec<LongTermRecord> {
     let rows = [
         (
             "mbpp/1",
@@ -130,13 +130,15 @@ fn corpus() -> Vec<Experience> {
     ];
     rows.iter()
         .enumerate()
-        .map(|(i, (id, text, pass, kind, msg))| Experience {
-            step: i as u64,
-            task_id: (*id).into(),
-            task_text: (*text).into(),
-            code: format!("def f(x):\n    return x  # {id}\n"),
-            report: report(*pass, *kind, msg),
-            rewards: BTreeMap::from([("style".to_owned(), 1.5), ("complexity".to_owned(), 0.5)]),
+        .map(|(i, (id, text, pass, kind, msg))| {
+            LongTermRecord::new(
+                i as u64,
+                (*id).into(),
+                (*text).into(),
+                format!("def f(x):\n    return x  # {id}\n"),
+                report(*pass, *kind, msg),
+                BTreeMap::from([("style".to_owned(), 1.5), ("complexity".to_owned(), 0.5)]),
+            )
         })
         .collect()
 }
@@ -147,7 +149,7 @@ fn long_term_retrieves_similar_tasks_and_survives_reopen() {
     let emb = HashEmbedder::new(384).unwrap();
     let index = Box::new(ExactIndex::new(384, Device::Cpu));
     let mut lt = LongTerm::open(dir.path(), &emb, index).unwrap();
-    let ids = lt.insert(&emb, &corpus()).unwrap();
+    let ids = lt.insert(&emb, corpus()).unwrap();
     assert_eq!(ids.len(), 6);
     let queries = [
         "Write a function that reverses a list.",
@@ -188,7 +190,7 @@ fn long_term_retrieves_similar_tasks_and_survives_reopen() {
     // A new process: the index is rebuilt from the store, same answers.
     let before: Vec<Vec<i64>> = hits
         .iter()
-        .map(|h| h.iter().map(|x| x.record.id).collect())
+        .map(|h| h.iter().map(|x| x.id).collect())
         .collect();
     drop(lt);
     let index = Box::new(ExactIndex::new(384, Device::Cpu));
@@ -198,7 +200,7 @@ fn long_term_retrieves_similar_tasks_and_survives_reopen() {
         .retrieve(&emb, &queries, 3)
         .unwrap()
         .iter()
-        .map(|h| h.iter().map(|x| x.record.id).collect())
+        .map(|h| h.iter().map(|x| x.id).collect())
         .collect();
     assert_eq!(before, again);
 
@@ -294,7 +296,7 @@ fn memory_cli_stats_query_export_import() {
     let run = dir.path().join("run");
     let emb = HashEmbedder::new(384).unwrap();
     let mut lt = LongTerm::open(&run, &emb, Box::new(ExactIndex::new(384, Device::Cpu))).unwrap();
-    lt.insert(&emb, &corpus()).unwrap();
+    lt.insert(&emb, corpus()).unwrap();
     drop(lt);
     let cfg = dir.path().join("hash.toml");
     std::fs::write(&cfg, "[memory]\nembedder = \"hash\"\n").unwrap();

@@ -300,7 +300,11 @@ fn hostile_code_through_the_service_is_contained_and_the_server_keeps_serving() 
     let run = |code: &str| {
         let mut r = client.run(&task, code);
         for _ in 0..3 {
-            if !r.no_signal.as_deref().is_some_and(|w| w.contains("starved")) {
+            if !r
+                .no_signal
+                .as_deref()
+                .is_some_and(|w| w.contains("starved"))
+            {
                 break;
             }
             r = client.run(&task, code);
@@ -312,11 +316,7 @@ fn hostile_code_through_the_service_is_contained_and_the_server_keeps_serving() 
         assert!(r.no_signal.is_none(), "{what}: {r:?}");
         assert_ne!(r.outcome, Some(RewardClass::Pass), "{what}: {r:?}");
         assert_eq!(procs_of_uid(uid), 0, "{what}: processes left behind");
-        assert_eq!(
-            run(add).outcome,
-            Some(RewardClass::Pass),
-            "after {what}"
-        );
+        assert_eq!(run(add).outcome, Some(RewardClass::Pass), "after {what}");
     }
     assert!(!std::path::Path::new("/etc/falcon-pwned").exists());
     // The same attacks as whole scripts through /run_code.

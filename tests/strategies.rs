@@ -11,47 +11,12 @@ use falcon_rl::exec::{MemoCoderClass, Sandbox};
 use falcon_rl::memory::fixes::FixesConfig;
 use falcon_rl::memory::guidelines::{ApiDoc, MemCoderParams};
 use falcon_rl::memory::HashEmbedder;
+use falcon_rl::model::testing::{continued, Scripted};
 use falcon_rl::model::{Completion, FinishReason, GenerationParams, Generator, ModelError};
 use falcon_rl::rollout::doc_rag::{DocMode, DocSizes, DocStrategy};
 use falcon_rl::rollout::repair::{Repair, RepairConfig};
 use falcon_rl::rollout::{Env, Strategy};
 use falcon_rl::task::Task;
-
-/// Answers each prompt with `f(prompt)` and records every prompt.
-struct Scripted<F: Fn(&str) -> String> {
-    f: F,
-    seen: Mutex<Vec<String>>,
-}
-
-impl<F: Fn(&str) -> String> Scripted<F> {
-    fn new(f: F) -> Self {
-        Scripted {
-            f,
-            seen: Mutex::new(Vec::new()),
-        }
-    }
-
-    fn seen(&self) -> Vec<String> {
-        self.seen.lock().unwrap().clone()
-    }
-}
-
-impl<F: Fn(&str) -> String> Generator for Scripted<F> {
-    fn generate(
-        &self,
-        prompts: &[String],
-        params: &GenerationParams,
-    ) -> Result<Vec<Completion>, ModelError> {
-        let mut seen = self.seen.lock().unwrap();
-        Ok(prompts
-            .iter()
-            .map(|p| {
-                seen.push(p.clone());
-                Completion::text_only(continued((self.f)(p), params), FinishReason::Eos)
-            })
-            .collect())
-    }
-}
 
 fn task(id: &str, prompt: &str, entry: &str, tests: &[&str]) -> Task {
     Task {
@@ -81,16 +46,6 @@ fn sandbox(uid_base: u32) -> Sandbox {
 
 /// A scripted answer as a model continuing `params.prefill` returns it: the
 /// script writes the whole answer, which must start with the prefill.
-fn continued(answer: String, params: &GenerationParams) -> String {
-    match answer.strip_prefix(params.prefill.as_str()) {
-        Some(rest) => rest.to_owned(),
-        None => panic!(
-            "answer {answer:?} does not start with the prefill {:?}",
-            params.prefill
-        ),
-    }
-}
-
 fn py(code: &str) -> String {
     format!("```python\n{code}```")
 }
@@ -224,7 +179,7 @@ impl Generator for Seeded {
             .iter()
             .map(|p| {
                 seen.push(p.clone());
-                let text = continued(memocoder_answer(p), params)
+                let text = continued(&memocoder_answer(p), params)
                     .replace("```python\n", &format!("```python\n# seed {seed}\n"));
                 Completion::text_only(text, FinishReason::Eos)
             })

@@ -8,38 +8,14 @@ use std::path::Path;
 use falcon_rl::config::{Job, RunConfig};
 use falcon_rl::dist::Group;
 use falcon_rl::exec::Sandbox;
-use falcon_rl::model::{hub, Dtype, Policy};
+use falcon_rl::model::{Dtype, Policy};
 use falcon_rl::task::{LoadOptions, TaskFormat, TaskSet};
 use falcon_rl::train::{prepare_policy, trainable, Silent, Start, StepRecord, TrainState};
 use tch::{Device, Tensor};
 
 use crate::common::tmpdir;
 
-/// A 2-layer, 32-wide Llama with random weights (seeded) and SmolLM2's
-/// tokenizer files, written to `dir`.
-pub fn tiny_chat_model(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    let src = hub::resolve("embedded").expect("the embedded model (scripts/setup)");
-    for f in [
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-        "generation_config.json",
-    ] {
-        if src.join(f).is_file() {
-            std::fs::copy(src.join(f), dir.join(f)).unwrap();
-        }
-    }
-    let config = serde_json::json!({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-        "vocab_size": 49152, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "tie_word_embeddings": true, "hidden_act": "silu",
-        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2, "attention_bias": false,
-    });
-    falcon_rl::model::generate::write_random_model(dir, &config, 1234, 0.08).unwrap();
-}
+pub use falcon_rl::model::testing::tiny_chat_model;
 
 const TASKS: &str = r#"{"id": "add", "prompt": "Write a function add(a, b) that returns a + b.", "entry_point": "add", "tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"], "canonical_solution": "def add(a, b):\n    return a + b\n", "tags": ["train"]}
 {"id": "double", "prompt": "Write a function double(x) that returns 2 * x.", "entry_point": "double", "tests": ["assert double(2) == 4"], "canonical_solution": "def double(x):\n    return 2 * x\n", "tags": ["train"]}

@@ -194,7 +194,7 @@ fn query(
                 println!(
                     "  cos {:.4}  id {}  step {}  task {}  outcome {}\n    {}",
                     h.score,
-                    r.id,
+                    h.id,
                     r.step,
                     r.task_id,
                     r.report.outcome_label(),

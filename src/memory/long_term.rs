@@ -11,26 +11,43 @@ use super::embed::Embedder;
 use super::guidelines::feedback_text;
 use super::index::VectorIndex;
 use super::render::{task_statement, View};
-use super::store::{LongTermRecord, MemoryStore, NewLongTerm};
+pub use super::store::LongTermRecord;
+use super::store::MemoryStore;
 use super::MemoryError;
 use crate::config::Rendering;
 use crate::exec::{ExecReport, TestStatus};
 
-/// One finished sample to remember.
-#[derive(Debug, Clone)]
-pub struct Experience {
-    pub step: u64,
-    pub task_id: String,
-    pub task_text: String,
-    pub code: String,
-    pub report: ExecReport,
-    /// Reward terms by name (`coarse`, `error`, `style`, `complexity`, ...).
-    pub rewards: BTreeMap<String, f64>,
+impl LongTermRecord {
+    /// A finished sample to remember: `rewards` by term name (`coarse`,
+    /// `error`, `style`, `complexity`, ...). The feedback and the embedding
+    /// are left empty; [`LongTerm::insert`] derives them.
+    pub fn new(
+        step: u64,
+        task_id: String,
+        task_text: String,
+        code: String,
+        report: ExecReport,
+        rewards: BTreeMap<String, f64>,
+    ) -> Self {
+        LongTermRecord {
+            step,
+            task_id,
+            task_text,
+            code,
+            report,
+            rewards,
+            feedback: String::new(),
+            embedder: String::new(),
+            embedding: Vec::new(),
+        }
+    }
 }
 
-/// A retrieved entry and its cosine similarity to the query.
+/// A retrieved entry, its id in the store and its cosine similarity to the
+/// query.
 #[derive(Debug, Clone)]
 pub struct Retrieved {
+    pub id: i64,
     pub score: f32,
     pub record: LongTermRecord,
 }
@@ -118,45 +135,36 @@ impl LongTerm {
         format!("{task_text}\n{feedback}")
     }
 
-    /// Embed, store (one transaction) and index a batch; returns the ids.
+    /// Derive each entry's feedback from its report, embed (task, feedback),
+    /// store (one transaction) and index a batch; returns the ids. Whatever
+    /// feedback or embedding the entries held is replaced.
     pub fn insert(
         &mut self,
         embedder: &dyn Embedder,
-        batch: &[Experience],
+        mut batch: Vec<LongTermRecord>,
     ) -> Result<Vec<i64>, MemoryError> {
         self.check(embedder)?;
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let feedback: Vec<String> = batch.iter().map(|e| feedback_text(&e.report)).collect();
+        for e in &mut batch {
+            e.feedback = feedback_text(&e.report);
+        }
         let keys: Vec<String> = batch
             .iter()
-            .zip(&feedback)
-            .map(|(e, f)| Self::key_text(&e.task_text, f))
+            .map(|e| Self::key_text(&e.task_text, &e.feedback))
             .collect();
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let vectors = embedder.embed(&key_refs)?;
         let flat: Vec<f32> = Vec::try_from(vectors.to_device(tch::Device::Cpu).reshape([-1]))
             .map_err(|e| MemoryError::Invalid(format!("embedding: {e}")))?;
         let dim = embedder.dim();
-        let rows: Vec<NewLongTerm> = batch
-            .iter()
-            .zip(feedback)
-            .enumerate()
-            .map(|(i, (e, f))| NewLongTerm {
-                step: e.step,
-                task_id: e.task_id.clone(),
-                task_text: e.task_text.clone(),
-                code: e.code.clone(),
-                report: e.report.clone(),
-                rewards: e.rewards.clone(),
-                feedback: f,
-                embedder: self.embedder.clone(),
-                embedding: flat[i * dim..(i + 1) * dim].to_vec(),
-            })
-            .collect();
+        for (i, e) in batch.iter_mut().enumerate() {
+            e.embedder.clone_from(&self.embedder);
+            e.embedding = flat[i * dim..(i + 1) * dim].to_vec();
+        }
         // Store first: the index is derived and can be rebuilt from it.
-        let ids = self.store.insert_long_term(&rows)?;
+        let ids = self.store.insert_long_term(&batch)?;
         self.index.add(&ids, &vectors)?;
         Ok(ids)
     }
@@ -176,13 +184,14 @@ impl LongTerm {
         let hits = self.index.search(&q, k)?;
         let all_ids: Vec<i64> = hits.iter().flatten().map(|h| h.id).collect();
         let records = self.store.get_long_term(&all_ids)?;
-        let by_id: BTreeMap<i64, LongTermRecord> = records.into_iter().map(|r| (r.id, r)).collect();
+        let by_id: BTreeMap<i64, LongTermRecord> = records.into_iter().collect();
         Ok(hits
             .into_iter()
             .map(|row| {
                 row.into_iter()
                     .filter_map(|h| {
                         by_id.get(&h.id).map(|r| Retrieved {
+                            id: h.id,
                             score: h.score,
                             record: r.clone(),
                         })
@@ -323,9 +332,9 @@ mod tests {
             0.0,
         );
         Retrieved {
+            id: 1,
             score: 0.9,
             record: LongTermRecord {
-                id: 1,
                 step: 1,
                 task_id: "other".into(),
                 task_text: "def find_zero(xs: list):\n    \"\"\"Find a zero of the polynomial xs.\n    >>> find_zero([1, 2])\n    \"\"\"\n".into(),

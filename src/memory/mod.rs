@@ -116,7 +116,10 @@ impl LongTermMemory {
     }
 
     /// Embed, store and index a batch of finished samples.
-    pub fn insert(&mut self, batch: &[long_term::Experience]) -> Result<Vec<i64>, MemoryError> {
+    pub fn insert(
+        &mut self,
+        batch: Vec<long_term::LongTermRecord>,
+    ) -> Result<Vec<i64>, MemoryError> {
         self.entries.insert(self.embedder.as_ref(), batch)
     }
 

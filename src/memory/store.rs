@@ -118,11 +118,14 @@ fn fail<'a, E: Into<StoreErrorKind>>(
     }
 }
 
-/// A long-term memory entry to insert (FALCON §4.3's `(D, W, T, F)` plus the
-/// embedding of the task and feedback).
+/// A long-term memory entry: FALCON §4.3's `(D, W, T, F)` (task, code,
+/// execution report, reward terms, with the step that produced them) plus
+/// the feedback text and the embedding of task and feedback. The store
+/// assigns each entry an id (increasing, never reused) that travels beside
+/// it, not in it: an entry is the same whether or not it is stored yet.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct NewLongTerm {
+pub struct LongTermRecord {
     /// Training step that produced the sample.
     pub step: u64,
     pub task_id: String,
@@ -133,22 +136,6 @@ pub struct NewLongTerm {
     pub rewards: BTreeMap<String, f64>,
     pub feedback: String,
     /// Which embedding model made `embedding`; indexes are built per embedder.
-    pub embedder: String,
-    pub embedding: Vec<f32>,
-}
-
-/// A stored long-term memory entry.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LongTermRecord {
-    /// Assigned by the store; increasing, never reused.
-    pub id: i64,
-    pub step: u64,
-    pub task_id: String,
-    pub task_text: String,
-    pub code: String,
-    pub report: ExecReport,
-    pub rewards: BTreeMap<String, f64>,
-    pub feedback: String,
     pub embedder: String,
     pub embedding: Vec<f32>,
 }
@@ -254,7 +241,7 @@ impl MemoryStore {
 
     /// Insert `rows` in one transaction; returns their ids in order. Nothing
     /// is written when any row is invalid.
-    pub fn insert_long_term(&mut self, rows: &[NewLongTerm]) -> Result<Vec<i64>, StoreError> {
+    pub fn insert_long_term(&mut self, rows: &[LongTermRecord]) -> Result<Vec<i64>, StoreError> {
         let Self { conn, path } = self;
         let encoded = rows
             .iter()
@@ -333,11 +320,11 @@ impl MemoryStore {
         Ok((ids, flat, dim.unwrap_or(0)))
     }
 
-    /// The rows with these ids, in the order asked. A missing id is an error
+    /// The rows with these ids, with their ids, in the order asked. A missing id is an error
     /// ([`StoreErrorKind::Missing`]): ids come from this store, so a missing
     /// one means an index that is out of date.
-    pub fn get_long_term(&self, ids: &[i64]) -> Result<Vec<LongTermRecord>, StoreError> {
-        let read = || -> Result<Vec<LongTermRecord>, StoreErrorKind> {
+    pub fn get_long_term(&self, ids: &[i64]) -> Result<Vec<(i64, LongTermRecord)>, StoreError> {
+        let read = || -> Result<Vec<(i64, LongTermRecord)>, StoreErrorKind> {
             // One read transaction: every row comes from the same snapshot.
             let tx = self.conn.unchecked_transaction()?;
             let mut stmt = tx.prepare_cached(&format!(
@@ -376,11 +363,12 @@ impl MemoryStore {
         read().map_err(fail(&self.path, "list embedders"))
     }
 
-    /// Call `f` on every long-term row, ids ascending, from one snapshot.
+    /// Call `f` on every long-term row and its id, ids ascending, from one
+    /// snapshot.
     /// Stops at the first error `f` returns.
     pub fn for_each_long_term<E: From<StoreError>>(
         &self,
-        mut f: impl FnMut(LongTermRecord) -> Result<(), E>,
+        mut f: impl FnMut(i64, LongTermRecord) -> Result<(), E>,
     ) -> Result<(), E> {
         let err = |e: StoreErrorKind| E::from(fail(&self.path, "read long-term memory")(e));
         let mut stmt = self
@@ -391,7 +379,8 @@ impl MemoryStore {
             .map_err(|e| err(e.into()))?;
         let mut rows = stmt.query([]).map_err(|e| err(e.into()))?;
         while let Some(row) = rows.next().map_err(|e| err(e.into()))? {
-            f(decode_long_term(row).map_err(err)?)?;
+            let (id, record) = decode_long_term(row).map_err(err)?;
+            f(id, record)?;
         }
         Ok(())
     }
@@ -556,7 +545,9 @@ impl MemoryStore {
                 ))?;
                 let mut rows = stmt.query([])?;
                 while let Some(row) = rows.next()? {
-                    let mut v = serde_json::to_value(decode_long_term(row)?)?;
+                    let (id, record) = decode_long_term(row)?;
+                    let mut v = serde_json::to_value(record)?;
+                    v["id"] = id.into();
                     v["kind"] = LONG_TERM_KIND.into();
                     write_line(v)?;
                 }
@@ -704,7 +695,7 @@ struct EncodedRow {
 }
 
 impl EncodedRow {
-    fn new(row: &NewLongTerm) -> Result<Self, StoreErrorKind> {
+    fn new(row: &LongTermRecord) -> Result<Self, StoreErrorKind> {
         if let Some((name, v)) = row.rewards.iter().find(|(_, v)| !v.is_finite()) {
             return Err(StoreErrorKind::Invalid(format!(
                 "task {:?}: reward {name:?} is {v}, not a finite number",
@@ -751,7 +742,7 @@ fn decode_embedding_into(
     Ok(())
 }
 
-fn decode_long_term(row: &rusqlite::Row<'_>) -> Result<LongTermRecord, StoreErrorKind> {
+fn decode_long_term(row: &rusqlite::Row<'_>) -> Result<(i64, LongTermRecord), StoreErrorKind> {
     let id: i64 = row.get(0)?;
     let bad = |what: &str, e: &dyn std::fmt::Display| {
         StoreErrorKind::Invalid(format!("row {id}: {what} does not decode: {e}"))
@@ -763,8 +754,7 @@ fn decode_long_term(row: &rusqlite::Row<'_>) -> Result<LongTermRecord, StoreErro
     let dim = usize::try_from(row.get::<_, i64>(9)?).map_err(|e| bad("dim", &e))?;
     let mut embedding = Vec::with_capacity(dim);
     decode_embedding_into(id, dim, row.get_ref(10)?.as_blob()?, &mut embedding)?;
-    Ok(LongTermRecord {
-        id,
+    let record = LongTermRecord {
         step,
         task_id: row.get(2)?,
         task_text: row.get(3)?,
@@ -774,7 +764,8 @@ fn decode_long_term(row: &rusqlite::Row<'_>) -> Result<LongTermRecord, StoreErro
         feedback: row.get(7)?,
         embedder: row.get(8)?,
         embedding,
-    })
+    };
+    Ok((id, record))
 }
 
 #[derive(Deserialize)]
@@ -789,7 +780,7 @@ struct RecordLine {
 enum ImportLine {
     LongTerm {
         id: Option<i64>,
-        row: Box<NewLongTerm>,
+        row: Box<LongTermRecord>,
     },
     Record(RecordLine),
 }
@@ -812,7 +803,7 @@ fn parse_line(line: &str) -> Result<ImportLine, String> {
                     .ok_or_else(|| format!("\"id\" {v} is not a positive integer"))?,
             ),
         };
-        let row: Box<NewLongTerm> = serde_json::from_value(serde_json::Value::Object(obj))
+        let row: Box<LongTermRecord> = serde_json::from_value(serde_json::Value::Object(obj))
             .map_err(|e| format!("bad long-term entry: {e}"))?;
         Ok(ImportLine::LongTerm { id, row })
     } else {
@@ -851,8 +842,8 @@ mod tests {
         )
     }
 
-    fn row(i: usize, step: u64, embedder: &str, dim: usize) -> NewLongTerm {
-        NewLongTerm {
+    fn row(i: usize, step: u64, embedder: &str, dim: usize) -> LongTermRecord {
+        LongTermRecord {
             step,
             task_id: format!("task-{i}"),
             task_text: format!("Write f{i} — ünïcode ✓"),
@@ -877,10 +868,8 @@ mod tests {
         assert_eq!(s.count_long_term().unwrap(), 6);
 
         let got = s.get_long_term(&[ids[3], ids[1]]).unwrap();
-        assert_eq!(got[0].id, ids[3]);
-        assert_eq!(got[0].report, rows[3].report);
-        assert_eq!(got[0].embedding, rows[3].embedding);
-        assert_eq!(got[1].task_text, rows[1].task_text);
+        assert_eq!(got[0], (ids[3], rows[3].clone()));
+        assert_eq!(got[1], (ids[1], rows[1].clone()));
         assert!(matches!(
             s.get_long_term(&[12345]).unwrap_err().kind,
             StoreErrorKind::Missing(12345)
@@ -893,8 +882,8 @@ mod tests {
         assert_eq!(s.load_embeddings("none").unwrap(), (vec![], vec![], 0));
 
         let mut seen = Vec::new();
-        s.for_each_long_term(|r| {
-            seen.push(r.id);
+        s.for_each_long_term(|id, _| {
+            seen.push(id);
             Ok::<_, StoreError>(())
         })
         .unwrap();
@@ -1042,7 +1031,7 @@ mod tests {
         );
         let got = t.get_long_term(&[1]).unwrap();
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&got[0].embedding), bits(&rows[0].embedding));
+        assert_eq!(bits(&got[0].1.embedding), bits(&rows[0].embedding));
 
         // Importing the same ids again collides; nothing of the file lands.
         let e = t.import_jsonl(&buf[..]).unwrap_err();
@@ -1184,7 +1173,7 @@ mod tests {
             assert!(n > 0 && n.is_multiple_of(BATCH), "round {round}: {n} rows");
             let batches = n / BATCH;
             let mut per_batch = vec![0usize; batches];
-            s.for_each_long_term(|r| {
+            s.for_each_long_term(|_, r| {
                 let b: usize = r.task_id["batch-".len()..].parse().unwrap();
                 assert_eq!(r.step as usize, b);
                 assert_eq!(r.embedding.len(), DIM);

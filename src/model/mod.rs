@@ -6,7 +6,8 @@
 //! mixed precision (`autocast`), the [`Generator`] trait that rollouts
 //! and judges call with its other engines (an OpenAI-compatible client,
 //! vLLM servers managed or given by URL), and [`open`], the one loader
-//! every command uses.
+//! every command uses. `testing` holds the fakes and tiny models that the
+//! crate's tests and `tests/` share.
 //!
 //! Parameter names in the `VarStore` are the HF safetensors keys, so loading
 //! and exporting need no renaming table (STYLE.md §1).
@@ -24,6 +25,8 @@ pub mod open;
 pub mod openai;
 pub mod qwen2;
 pub mod sampling;
+#[doc(hidden)]
+pub mod testing;
 pub mod tokenizer;
 pub mod vllm;
 pub mod weights;

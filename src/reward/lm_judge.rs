@@ -337,10 +337,11 @@ impl<G: Generator + ?Sized> Judge for LmJudge<'_, G> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::model::{Completion, FinishReason, ModelError};
+    use crate::model::testing::Scripted;
+    use crate::model::{Completion, ModelError};
 
     fn style(answer: &str) -> Option<f64> {
         parse_score(Aspect::Style, answer)
@@ -442,34 +443,11 @@ mod tests {
         assert!(p.contains("````python\ns = '```'\n````"), "{p}");
     }
 
-    /// A generator that answers from a script and records the prompts.
-    struct Scripted {
-        answers: Vec<&'static str>,
-        seen: Mutex<Vec<String>>,
-    }
-
-    impl Generator for Scripted {
-        fn generate(
-            &self,
-            prompts: &[String],
-            params: &GenerationParams,
-        ) -> Result<Vec<Completion>, ModelError> {
-            assert!(params.chat);
-            assert_eq!(params.max_new_tokens, 64);
-            self.seen.lock().unwrap().extend(prompts.iter().cloned());
-            Ok(self.answers[..prompts.len()]
-                .iter()
-                .map(|a| Completion::text_only(*a, FinishReason::Eos))
-                .collect())
-        }
-    }
-
     #[test]
     fn judge_scores_and_counts_unparseable_answers() {
-        let g = Scripted {
-            answers: vec!["Score: 2", "no idea", "Score: 1 or 2", "-1"],
-            seen: Mutex::new(vec![]),
-        };
+        let answers = ["Score: 2", "no idea", "Score: 1 or 2", "-1"];
+        let next = AtomicUsize::new(0);
+        let g = Scripted::new(|_: &str| answers[next.fetch_add(1, Ordering::Relaxed)].to_owned());
         let judge = LmJudge::new(&g, &LmJudgeConfig::default());
         let codes = ["a = 1\n", "b = 2\n", "c = 3\n", "d = 4\n"];
         let scores = judge.score(Aspect::Complexity, &codes).unwrap();
@@ -484,8 +462,10 @@ mod tests {
                 failures: 0
             }
         );
-        let seen = g.seen.lock().unwrap();
+        let seen = g.seen();
         assert!(seen[0].starts_with(COMPLEXITY_TEMPLATE) && seen[3].contains("d = 4"));
+        let params = g.params();
+        assert!(!params.is_empty() && params.iter().all(|p| p.chat && p.max_new_tokens == 64));
     }
 
     #[test]

@@ -133,7 +133,7 @@ pub fn check(
         return Ok(());
     };
     let (free, total) = crate::kernels::device::memory(i)
-        .map_err(|e| TrainError::Invalid(format!("reading cuda:{i}'s memory: {e}")))?;
+        .map_err(|source| TrainError::DeviceMemory { device: i, source })?;
     let parts = parts(cfg, recipe, policy, tasks, workers, total as u64);
     // The weights are already on the device: they are in use, not free.
     let resident = parts.first().map_or(0, |p| p.bytes);
@@ -153,7 +153,7 @@ mod tests {
     #[test]
     fn parts_follow_the_model_the_recipe_and_the_tasks() {
         let dir = tempfile::tempdir().unwrap();
-        let policy = crate::train::testing::tiny_lora_policy(dir.path());
+        let policy = crate::model::testing::tiny_lora_policy(dir.path());
         let (mut all, mut lora) = (0u64, 0u64);
         for (n, t) in policy.vs.variables() {
             all += t.numel() as u64 * 4;

@@ -70,7 +70,7 @@ fn grads_of(
 ) -> Result<Vec<Tensor>, TrainError> {
     let inputs: Vec<&Tensor> = at.iter().map(|(_, t)| t).collect();
     Tensor::f_run_backward(&[l], &inputs, create_graph, create_graph)
-        .map_err(|e| TrainError::Invalid(format!("meta-gradient: {e}")))
+        .map_err(TrainError::MetaGradient)
 }
 
 /// `acc += add`, where an undefined tensor is zero.
@@ -331,7 +331,7 @@ mod tests {
     /// (rank 2 on q/v, B random so that every term has a gradient), in
     /// double precision so that finite differences are accurate.
     fn tiny_policy(dir: &Path) -> Policy {
-        let mut p = crate::train::testing::tiny_lora_policy(dir);
+        let mut p = crate::model::testing::tiny_lora_policy(dir);
         p.vs.set_kind(Kind::Double);
         tch::no_grad(|| {
             for (n, t) in trainable(&p) {

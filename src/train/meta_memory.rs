@@ -14,9 +14,9 @@ use super::update::{sft_example, UpdateSeq};
 use super::TrainError;
 use crate::config::RunConfig;
 use crate::exec::{RewardClass, Sandbox};
-use crate::memory::long_term::{Experience, Retrieved};
+use crate::memory::long_term::{LongTermRecord, Retrieved};
 use crate::memory::short_term::{Batch, Sample};
-use crate::memory::{open_long_term, Access, LongTermMemory, MemoryError, ShortTerm};
+use crate::memory::{open_long_term, Access, LongTermMemory, ShortTerm};
 use crate::model::Policy;
 use crate::reward::{answer_code, TokenSpan};
 use crate::rollout::task_prompt;
@@ -28,10 +28,6 @@ use crate::task::{Task, TaskSet};
 pub struct MetaMemory {
     pub short_term: ShortTerm,
     pub long_term: Option<LongTermMemory>,
-}
-
-fn memory_error(e: MemoryError) -> TrainError {
-    TrainError::Invalid(format!("memory: {e}"))
 }
 
 impl MetaMemory {
@@ -52,11 +48,11 @@ impl MetaMemory {
             device,
             cfg.run.seed ^ 0x5_7e4d,
         )
-        .map_err(memory_error)?;
+        .map_err(TrainError::ShortTerm)?;
         let long_term = if cfg.meta.long_term {
             Some(
                 open_long_term(&cfg.memory, run_dir, device, Access::Train { step })
-                    .map_err(memory_error)?,
+                    .map_err(TrainError::LongTerm)?,
             )
         } else {
             None
@@ -112,21 +108,20 @@ impl MetaMemory {
         for (batch, ts) in evaluated {
             for (j, c) in batch.comps.iter().enumerate() {
                 let task = ts[j / batch.group];
-                experiences.push(Experience {
+                experiences.push(LongTermRecord::new(
                     step,
-                    task_id: task.id.clone(),
-                    task_text: task.prompt.clone(),
-                    code: answer_code(&c.text, c.cut_off()).1.to_owned(),
-                    report: batch.reports[j].clone(),
-                    rewards: batch.breakdowns[j]
+                    task.id.clone(),
+                    task.prompt.clone(),
+                    answer_code(&c.text, c.cut_off()).1.to_owned(),
+                    batch.reports[j].clone(),
+                    batch.breakdowns[j]
                         .as_ref()
                         .map(|b| b.terms.clone())
                         .unwrap_or_default(),
-                });
+                ));
             }
         }
-        lt.insert(&experiences)
-            .map_err(|e| TrainError::Invalid(format!("long-term memory: {e}")))?;
+        lt.insert(experiences).map_err(TrainError::LongTerm)?;
         Ok(())
     }
 
@@ -150,7 +145,7 @@ impl MetaMemory {
             .collect();
         self.short_term
             .push(&samples)
-            .map_err(|e| TrainError::Invalid(format!("short-term memory: {e}")))
+            .map_err(TrainError::ShortTerm)
     }
 
     /// `n` rows drawn from the short-term buffer, back on the host.
@@ -199,20 +194,19 @@ impl MetaMemory {
                 passed,
                 spans: Vec::new(),
             });
-            experiences.push(Experience {
-                step: 0,
-                task_id: t.id.clone(),
-                task_text: t.prompt.clone(),
-                code: solution.to_owned(),
-                report: r.clone(),
-                rewards: BTreeMap::new(),
-            });
+            experiences.push(LongTermRecord::new(
+                0,
+                t.id.clone(),
+                t.prompt.clone(),
+                solution.to_owned(),
+                r.clone(),
+                BTreeMap::new(),
+            ));
         }
         self.remember(&rows)?;
         if let Some(lt) = self.long_term.as_mut() {
             if lt.is_empty().unwrap_or(true) {
-                lt.insert(&experiences)
-                    .map_err(|e| TrainError::Invalid(format!("long-term memory: {e}")))?;
+                lt.insert(experiences).map_err(TrainError::LongTerm)?;
             }
         }
         Ok(rows.len())

@@ -114,8 +114,85 @@ pub enum TrainError {
         run_dir: std::path::PathBuf,
         last_good: Option<(u64, std::path::PathBuf)>,
     },
+    /// The long-term memory (the vector index of past tasks) failed.
+    #[error("long-term memory: {0}")]
+    LongTerm(#[source] crate::memory::MemoryError),
+    /// The short-term memory (recent samples on the device) failed.
+    #[error("short-term memory: {0}")]
+    ShortTerm(#[source] crate::memory::MemoryError),
+    /// The rollout strategy failed while solving or saving its state.
+    #[error("rollout: {0}")]
+    Rollout(#[from] crate::rollout::RolloutError),
+    /// `[train] strategy` names a strategy that cannot be built.
+    #[error("[train] strategy: {0}")]
+    Strategy(#[source] crate::rollout::RolloutError),
+    /// A checkpoint's rollout state does not fit the strategy.
+    #[error("{}: {source}", path.display())]
+    RolloutState {
+        path: std::path::PathBuf,
+        #[source]
+        source: Box<crate::rollout::RolloutError>,
+    },
+    /// A held-out evaluation during training failed.
+    #[error("evaluation: {0}")]
+    Eval(#[from] crate::eval::EvalError),
+    #[error(transparent)]
+    Advantage(#[from] advantage::AdvantageError),
+    #[error(transparent)]
+    Loss(#[from] losses::LossError),
+    #[error(transparent)]
+    Stats(#[from] crate::memory::stats::StatsError),
+    /// The driver could not say how much memory a device has.
+    #[error("reading cuda:{device}'s memory: {source}")]
+    DeviceMemory {
+        device: usize,
+        #[source]
+        source: crate::kernels::KernelError,
+    },
+    /// Autograd could not take the meta-gradient.
+    #[error("meta-gradient: {0}")]
+    MetaGradient(#[source] tch::TchError),
+    /// A file of the run (its state, a strategy's state, a scratch
+    /// directory) could not be read or created.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file of the run holds JSON we cannot read back.
+    #[error("{}: {source}", path.display())]
+    BadJson {
+        path: std::path::PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Samples could not cross between data-parallel ranks.
+    #[error("samples from rank {rank}: {source}")]
+    Gather {
+        rank: usize,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A request this job cannot serve, said in words (no typed cause).
     #[error("{0}")]
     Invalid(String),
+}
+
+impl TrainError {
+    pub(crate) fn io(path: impl Into<std::path::PathBuf>, source: std::io::Error) -> Self {
+        TrainError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn bad_json(path: impl Into<std::path::PathBuf>, source: serde_json::Error) -> Self {
+        TrainError::BadJson {
+            path: path.into(),
+            source,
+        }
+    }
 }
 
 impl TrainError {
@@ -329,7 +406,7 @@ pub fn load(cfg: &RunConfig, job: Job, observer: &mut dyn Observer) -> Result<Lo
     let eval_tasks = if t.eval_before || t.eval_after || t.eval_every > 0 {
         Some(crate::eval::eval_tasks(cfg).map_err(|e| match e {
             crate::eval::EvalError::Task(e) => TrainError::Task(e),
-            e => TrainError::Invalid(e.to_string()),
+            e => TrainError::Eval(e),
         })?)
     } else {
         None
@@ -419,34 +496,4 @@ pub fn train(
         before_after,
         memory,
     })
-}
-
-/// What the unit tests of several train modules build on.
-#[cfg(test)]
-pub(crate) mod testing {
-    use crate::config::{Dtype, LoraConfig};
-    use crate::model::Policy;
-
-    /// A 2-layer, 16-wide Llama (vocab 64) with random weights written to
-    /// `dir`, in fp32 on the CPU, with LoRA of rank 2 on q/v.
-    pub fn tiny_lora_policy(dir: &std::path::Path) -> Policy {
-        let config = serde_json::json!({
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-            "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
-            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
-            "vocab_size": 64, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0, "tie_word_embeddings": true, "hidden_act": "silu",
-        });
-        crate::model::generate::write_random_model(dir, &config, 11, 0.3).unwrap();
-        let mut p = Policy::load(dir, Dtype::Fp32, tch::Device::Cpu).unwrap();
-        p.attach_lora(&LoraConfig {
-            enabled: true,
-            rank: 2,
-            alpha: 4.0,
-            dropout: 0.0,
-            targets: vec!["q_proj".into(), "v_proj".into()],
-        })
-        .unwrap();
-        p
-    }
 }

@@ -179,12 +179,10 @@ fn evaluate_main(
         tasks.len(),
         s.cfg.eval.n
     ));
-    let result = evaluate(s.generator(), &tasks, s.sandbox, &spec, &mut |_, _| {})
-        .map_err(|e| TrainError::Invalid(format!("evaluation: {e}")))?;
+    let result = evaluate(s.generator(), &tasks, s.sandbox, &spec, &mut |_, _| {})?;
     let path = s.run_dir.eval(s.step);
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|e| TrainError::io(dir, e))?;
     }
     // TensorBoard first, the result file last: a resume keeps an
     // evaluation's points only where its result is (see state::forget_after).

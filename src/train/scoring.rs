@@ -193,9 +193,7 @@ fn strategy_rollout(
         tasks.len() * g,
         seed,
     );
-    let solved = r
-        .solve(&env, tasks, g, &mut |_, _| {})
-        .map_err(|e| TrainError::Invalid(format!("rollout: {e}")))?;
+    let solved = r.solve(&env, tasks, g, &mut |_, _| {})?;
     let mut comps = Vec::with_capacity(tasks.len() * g);
     let mut attempts = Vec::with_capacity(tasks.len() * g);
     for s in solved.into_iter().flatten() {
@@ -316,8 +314,7 @@ pub fn score(
         .collect();
     let group: Vec<usize> = (0..comps.len()).map(|i| i / g).collect();
     let t = &s.cfg.train;
-    let adv = advantages(t.advantage, &totals, &group, t.normalize_std)
-        .map_err(|e| TrainError::Invalid(e.to_string()))?;
+    let adv = advantages(t.advantage, &totals, &group, t.normalize_std)?;
     let spans = Rewards::spans(s.policy.tokenizer()?, &comps, &reports)?;
     timer.add_since("reward", t0);
     Ok(ScoredBatch {

@@ -93,12 +93,14 @@ pub(super) fn gather<T: Serialize + DeserializeOwned>(
     if dist.world() == 1 {
         return Ok(mine);
     }
-    let bytes = serde_json::to_vec(&mine)
-        .map_err(|e| TrainError::Invalid(format!("gathering samples: {e}")))?;
+    let bytes = serde_json::to_vec(&mine).map_err(|source| TrainError::Gather {
+        rank: dist.rank(),
+        source,
+    })?;
     let mut all = Vec::new();
     for (r, part) in dist.all_gather_bytes(&bytes)?.into_iter().enumerate() {
         let items: Vec<T> = serde_json::from_slice(&part)
-            .map_err(|e| TrainError::Invalid(format!("samples from rank {r}: {e}")))?;
+            .map_err(|source| TrainError::Gather { rank: r, source })?;
         all.extend(items);
     }
     Ok(all)

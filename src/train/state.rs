@@ -285,8 +285,7 @@ impl Drop for TrainState<'_> {
 fn rank_scratch(rank: usize) -> Result<PathBuf, TrainError> {
     let d = std::env::temp_dir().join(format!("falcon-rank{rank}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d)
-        .map_err(|e| TrainError::Invalid(format!("creating {}: {e}", d.display())))?;
+    std::fs::create_dir_all(&d).map_err(|e| TrainError::io(&d, e))?;
     Ok(d)
 }
 
@@ -411,8 +410,7 @@ impl<'a> TrainState<'a> {
         let recipe = Recipe::of(&cfg, job)?;
         check_run(&cfg, recipe, policy, tasks, sandbox, dist)?;
         let (optimizer, schedule) = optimizer_of(&cfg.train)?;
-        let error_stats =
-            ErrorStats::new(cfg.memory.p_error).map_err(|e| TrainError::Invalid(e.to_string()))?;
+        let error_stats = ErrorStats::new(cfg.memory.p_error)?;
         let rewards = Rewards::new::<Policy>(&cfg.reward, None)?;
         let run_dir = RunDir::of(&cfg);
         // Rank 0 alone sets up the run directory; the others learn whether
@@ -521,8 +519,7 @@ impl<'a> TrainState<'a> {
     /// The rollout strategy of `[train] strategy`, with what it learned
     /// before the checkpoint `resumed_from`.
     fn open_strategy(&mut self, resumed_from: Option<&Path>) -> Result<(), TrainError> {
-        self.strategy = training_strategy(&self.cfg)
-            .map_err(|e| TrainError::Invalid(format!("[train] strategy: {e}")))?;
+        self.strategy = training_strategy(&self.cfg).map_err(TrainError::Strategy)?;
         let (Some(r), Some(dir)) = (self.strategy.as_mut(), resumed_from) else {
             return Ok(());
         };
@@ -534,10 +531,11 @@ impl<'a> TrainState<'a> {
                 self.cfg.train.strategy.name()
             ))
         })?;
-        let state = serde_json::from_str(&text)
-            .map_err(|e| TrainError::Invalid(format!("{}: {e}", path.display())))?;
-        r.load_state(state)
-            .map_err(|e| TrainError::Invalid(format!("{}: {e}", path.display())))
+        let state = serde_json::from_str(&text).map_err(|e| TrainError::bad_json(&path, e))?;
+        r.load_state(state).map_err(|e| TrainError::RolloutState {
+            path,
+            source: Box::new(e),
+        })
     }
 
     /// A meta-RL run's memories: short-term rows from the checkpoint
@@ -566,7 +564,7 @@ impl<'a> TrainState<'a> {
             Some(dir) => {
                 mem.short_term =
                     ShortTerm::load(&dir.join(files::SHORT_TERM), self.policy.device())
-                        .map_err(|e| TrainError::Invalid(format!("short-term memory: {e}")))?;
+                        .map_err(TrainError::ShortTerm)?;
             }
             None => {
                 let n = mem.populate(
@@ -679,10 +677,9 @@ impl<'a> TrainState<'a> {
         let params = trainable(self.policy);
         self.optimizer.load(&dir.join(files::OPTIMIZER), &params)?;
         let spath = dir.join(files::STATE);
-        let text = std::fs::read_to_string(&spath)
-            .map_err(|e| TrainError::Invalid(format!("{}: {e}", spath.display())))?;
-        let st: SavedState = serde_json::from_str(&text)
-            .map_err(|e| TrainError::Invalid(format!("{}: {e}", spath.display())))?;
+        let text = std::fs::read_to_string(&spath).map_err(|e| TrainError::io(&spath, e))?;
+        let st: SavedState =
+            serde_json::from_str(&text).map_err(|e| TrainError::bad_json(&spath, e))?;
         if st.seed != self.cfg.run.seed {
             return Err(TrainError::Invalid(format!(
                 "{}: the run was started with seed {}, the config says {}; an exact resume needs the same seed",
@@ -742,18 +739,16 @@ impl<'a> TrainState<'a> {
                 )?;
                 crate::fsutil::write_atomic(&d.join(files::CONFIG), cfg_text.as_bytes())?;
                 if let Some(r) = &self.strategy {
-                    let state = r
-                        .save_state()
-                        .map_err(|e| TrainError::Invalid(format!("rollout state: {e}")))?
-                        .unwrap_or(serde_json::Value::Null);
+                    let state = r.save_state()?.unwrap_or(serde_json::Value::Null);
+                    let path = d.join(files::ROLLOUT_STATE);
                     let text = serde_json::to_string(&state)
-                        .map_err(|e| TrainError::Invalid(format!("rollout state: {e}")))?;
-                    crate::fsutil::write_atomic(&d.join(files::ROLLOUT_STATE), text.as_bytes())?;
+                        .map_err(|e| TrainError::bad_json(&path, e))?;
+                    crate::fsutil::write_atomic(&path, text.as_bytes())?;
                 }
                 if let Some(m) = &self.memory {
                     m.short_term
                         .save(&d.join(files::SHORT_TERM))
-                        .map_err(|e| TrainError::Invalid(format!("short-term memory: {e}")))?;
+                        .map_err(TrainError::ShortTerm)?;
                 }
                 Ok(())
             },

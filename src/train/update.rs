@@ -280,9 +280,7 @@ fn mb_loss(
         token_weight: mb.tis.as_ref().map(Tensor::shallow_clone),
     };
     let pg = pg_loss(&batch, clip, norm) * mb.share["pg"];
-    let fine = fine_grained_loss(logp, &mb.spans, &mb.offsets)
-        .map_err(|e| TrainError::Invalid(e.to_string()))?
-        * mb.share["fine"];
+    let fine = fine_grained_loss(logp, &mb.spans, &mb.offsets)? * mb.share["fine"];
     let sl = sl_loss(logp, &mb.sl_mask) * mb.share["sl"];
     let mut terms = vec![("pg", pg, w.pg), ("fine", fine, w.fine), ("sl", sl, w.sl)];
     if let Some(r) = &mb.reference {

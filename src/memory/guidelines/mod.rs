@@ -619,11 +619,10 @@ fn tail_chars(s: &str, cap: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
     use super::*;
     use crate::exec::{ErrorKind, TestResult, TestStatus};
-    use crate::model::{Completion, FinishReason};
+    use crate::model::testing::Scripted;
+    use crate::model::Completion;
 
     pub(super) const DOC_NAMES: [&str; 7] = [
         "numpy.zeros",
@@ -937,56 +936,34 @@ mod tests {
     }
 
     /// Answers reflector prompts from a script keyed by a prompt substring.
-    struct Scripted {
-        script: Vec<(&'static str, &'static str)>,
-        seen: Mutex<Vec<String>>,
-    }
-
-    impl Generator for Scripted {
-        fn generate(
-            &self,
-            prompts: &[String],
-            params: &GenerationParams,
-        ) -> Result<Vec<Completion>, ModelError> {
-            self.seen.lock().unwrap().extend(prompts.iter().cloned());
-            Ok(prompts
+    fn scripted(script: Vec<(&'static str, &'static str)>) -> Scripted<impl Fn(&str) -> String> {
+        Scripted::new(move |p: &str| {
+            let (_, a) = script
                 .iter()
-                .map(|p| {
-                    let (_, a) = self
-                        .script
-                        .iter()
-                        .find(|(key, _)| p.contains(key))
-                        .unwrap_or_else(|| panic!("unscripted prompt:\n{p}"));
-                    // A model continues the prefill; a scripted answer
-                    // that does not start with it reads as written after it.
-                    let a = a.strip_prefix(params.prefill.as_str()).unwrap_or(a);
-                    Completion::text_only(a, FinishReason::Eos)
-                })
-                .collect())
-        }
+                .find(|(key, _)| p.contains(key))
+                .unwrap_or_else(|| panic!("unscripted prompt:\n{p}"));
+            a.to_string()
+        })
     }
 
     #[test]
     fn evolve_end_to_end_with_a_fake_reflector() {
         let mut m = memory(MemCoderParams::default());
         let code = "import numpy as np\nimport ndonnx as ndx\nx = ndx.asarray(np.zeros((2, 3)))\n";
-        let first = Scripted {
-            script: vec![
-                (
-                    "API `numpy.zeros`",
-                    "GUIDELINE: Pass the shape as a tuple.\nACTION: ADD",
-                ),
-                (
-                    "API `ndonnx.asarray`",
-                    "The docs cover it.\nACTION: DISCARD",
-                ),
-                (
-                    "What should a programmer remember",
-                    "GUIDELINE: Build with numpy, then convert with ndx.asarray.",
-                ),
-            ],
-            seen: Mutex::new(vec![]),
-        };
+        let first = scripted(vec![
+            (
+                "API `numpy.zeros`",
+                "GUIDELINE: Pass the shape as a tuple.\nACTION: ADD",
+            ),
+            (
+                "API `ndonnx.asarray`",
+                "GUIDELINE:The docs cover it.\nACTION: DISCARD",
+            ),
+            (
+                "What should a programmer remember",
+                "GUIDELINE: Build with numpy, then convert with ndx.asarray.",
+            ),
+        ]);
         let params = GenerationParams::default();
         let s = m
             .evolve(
@@ -1003,7 +980,7 @@ mod tests {
         assert_eq!(s.apis_used, vec!["ndonnx.asarray", "numpy.zeros"]);
         assert_eq!(s.apis[0].reflection, Some(Reflection::Discard));
         assert_eq!(s.apis[1].added_id, Some(1));
-        let seen = first.seen.lock().unwrap().clone();
+        let seen = first.seen();
         assert_eq!(seen.len(), 3);
         assert!(
             seen[0].contains("Make a 2x3 array.")
@@ -1041,16 +1018,13 @@ mod tests {
         assert_eq!(ctx.injected_guideline_ids, vec![1]);
         assert!(ctx.text.contains("- Pass the shape as a tuple.\n"));
         assert!(ctx.text.contains("Guideline: Build with numpy"));
-        let second = Scripted {
-            script: vec![
-                (
-                    "API `numpy.zeros`",
-                    "GUIDELINE: An int shape also works.\nACTION: DELETE 1",
-                ),
-                ("What should a programmer remember", "GUIDELINE:\n"),
-            ],
-            seen: Mutex::new(vec![]),
-        };
+        let second = scripted(vec![
+            (
+                "API `numpy.zeros`",
+                "GUIDELINE: An int shape also works.\nACTION: DELETE 1",
+            ),
+            ("What should a programmer remember", "GUIDELINE:\n"),
+        ]);
         let bad = "import numpy as np\ny = np.zeros(3, 4)\n";
         let s = m
             .evolve(
@@ -1064,7 +1038,7 @@ mod tests {
             .unwrap();
         assert!(!s.passed && !s.task_guideline);
         assert_eq!(s.reweighted, vec![1]);
-        let seen = second.seen.lock().unwrap().clone();
+        let seen = second.seen();
         assert!(
             seen[1].contains("[1] (weight 1.00) Pass the shape as a tuple."),
             "{}",

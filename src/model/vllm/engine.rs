@@ -438,19 +438,12 @@ impl Generator for VllmEngine {
 mod tests {
     use super::*;
     use crate::model::Dtype;
-    use serde_json::json;
 
     #[test]
     fn full_weights_of_a_tied_model_are_refused_before_a_server_starts() {
         let d = std::env::temp_dir().join(format!("falcon-vllm-tied-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
-        let config = json!({
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-            "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
-            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
-            "vocab_size": 64, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0, "tie_word_embeddings": true, "hidden_act": "silu",
-        });
+        let config = crate::model::testing::tiny_llama_config(1, 16, 64, 64);
         crate::model::generate::write_random_model(&d, &config, 1, 0.3).unwrap();
         let policy = Policy::load(&d, Dtype::Fp32, tch::Device::Cpu).unwrap();
         let e = VllmEngine::start(

@@ -46,8 +46,8 @@ fn prompts(
     let mem = s.memory.as_mut().expect("meta runs have memory");
     match mem.long_term.as_mut() {
         Some(lt) => {
-            let (table7, hits) = falcon_prompts(lt, tasks, &s.cfg.memory)
-                .map_err(|e| TrainError::Invalid(format!("long-term memory: {e}")))?;
+            let (table7, hits) =
+                falcon_prompts(lt, tasks, &s.cfg.memory).map_err(TrainError::LongTerm)?;
             let prompts = match s.cfg.meta.prompt {
                 MetaPrompt::Table7 => table7,
                 MetaPrompt::ZeroShot => zero_shot(),
