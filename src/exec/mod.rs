@@ -39,6 +39,7 @@ mod pool;
 pub mod protocol;
 mod remote;
 pub mod script;
+pub mod servers;
 pub mod service;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -326,9 +327,9 @@ impl Sandbox {
         match &self.backend {
             Backend::Local(_) => (0, 0, 0),
             Backend::Remote(r) => (
-                r.stats.requests.load(Ordering::Relaxed),
-                r.stats.retries.load(Ordering::Relaxed),
-                r.stats.unanswered.load(Ordering::Relaxed),
+                r.stats().requests.load(Ordering::Relaxed),
+                r.stats().retries.load(Ordering::Relaxed),
+                r.stats().unanswered.load(Ordering::Relaxed),
             ),
         }
     }

@@ -5,13 +5,12 @@
 //! next server. A sample's result is taken from exactly one answer; a sample
 //! no server answered is [`ExecReport::no_signal`], never a failure.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::fusion::{self, RunCodeRequest, RunCodeResponse};
 use super::outcome::ExecReport;
 use super::script::{Script, ScriptError, ScriptRun};
+use super::servers::{excerpt, Failure, RemoteStats, Servers};
 use crate::config::{ExecConfig, RemoteApi};
 use crate::task::Task;
 
@@ -24,90 +23,36 @@ pub struct RunTestsRequest {
 
 /// How long reaching a server at start may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
-/// First backoff; doubled each try, with jitter, up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(200);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
-
-/// Why a request got no usable answer.
-enum Failure {
-    /// No answer, or the server said it could not run it now: try again.
-    Retry(String),
-    /// The server refused the request itself: trying again cannot help.
-    Refused(String),
-}
-
-impl Failure {
-    fn into_message(self) -> String {
-        match self {
-            Failure::Retry(e) | Failure::Refused(e) => e,
-        }
-    }
-}
-
-/// Counters of the remote backend, for the logs and the metrics.
-#[derive(Debug, Default)]
-pub struct RemoteStats {
-    pub requests: AtomicU64,
-    pub retries: AtomicU64,
-    pub unanswered: AtomicU64,
-}
-
 pub(crate) struct Remote {
-    urls: Vec<String>,
+    servers: Servers,
     api: RemoteApi,
-    concurrency: usize,
-    retries: u32,
     exec: ExecConfig,
-    token: Option<String>,
-    agent: ureq::Agent,
-    busy: Mutex<Vec<usize>>,
-    freed: Condvar,
-    next: AtomicUsize,
     /// Where the servers run numba kernels (`/health`), `remote` if unknown.
     pub cuda: &'static str,
-    pub stats: RemoteStats,
 }
 
 impl Remote {
     /// Connects to `cfg.remote.urls` and checks that at least one answers.
     pub fn new(cfg: &ExecConfig) -> Result<Remote, String> {
         let r = &cfg.remote;
-        let token = std::env::var(&r.token_env)
-            .ok()
-            .filter(|t| !t.trim().is_empty());
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .into();
         let mut remote = Remote {
-            urls: r
-                .urls
-                .iter()
-                .map(|u| u.trim_end_matches('/').to_owned())
-                .collect(),
+            servers: Servers::new(&r.urls, r.concurrency, r.retries, &r.token_env),
             api: r.api,
-            concurrency: r.concurrency.max(1),
-            retries: r.retries,
             exec: cfg.clone(),
-            token,
-            agent,
-            busy: Mutex::new(vec![0; r.urls.len()]),
-            freed: Condvar::new(),
-            next: AtomicUsize::new(0),
             cuda: "remote",
-            stats: RemoteStats::default(),
         };
         let mut down = Vec::new();
         let mut cuda = None;
-        for i in 0..remote.urls.len() {
+        let n = remote.servers.urls().len();
+        for i in 0..n {
             match remote.probe(i) {
                 Ok(c) => {
                     cuda = cuda.or(c);
                 }
-                Err(e) => down.push(format!("{}: {e}", remote.urls[i])),
+                Err(e) => down.push(format!("{}: {e}", remote.servers.urls()[i])),
             }
         }
-        if down.len() == remote.urls.len() {
+        if down.len() == n {
             return Err(format!("no sandbox service answered: {}", down.join("; ")));
         }
         for d in &down {
@@ -123,7 +68,11 @@ impl Remote {
 
     /// Requests the servers take at once, all together.
     pub fn capacity(&self) -> usize {
-        self.urls.len() * self.concurrency
+        self.servers.capacity()
+    }
+
+    pub fn stats(&self) -> &RemoteStats {
+        &self.servers.stats
     }
 
     /// Checks server `i`: our `/health` (which says where kernels run), or
@@ -132,6 +81,7 @@ impl Remote {
         match self.api {
             RemoteApi::Falcon => {
                 let text = self
+                    .servers
                     .call(i, "GET", "/health", None, PROBE_TIMEOUT)
                     .map_err(Failure::into_message)?;
                 let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
@@ -142,6 +92,7 @@ impl Remote {
             RemoteApi::SandboxFusion => {
                 let req = probe_request();
                 let text = self
+                    .servers
                     .call(i, "POST", "/run_code", Some(&req), PROBE_TIMEOUT)
                     .map_err(Failure::into_message)?;
                 let resp: RunCodeResponse = serde_json::from_str(&text)
@@ -155,116 +106,6 @@ impl Remote {
                 }
             }
         }
-    }
-
-    /// One HTTP exchange with server `i`.
-    fn call(
-        &self,
-        i: usize,
-        method: &str,
-        path: &str,
-        body: Option<&str>,
-        deadline: Duration,
-    ) -> Result<String, Failure> {
-        let url = format!("{}{path}", self.urls[i]);
-        self.stats.requests.fetch_add(1, Ordering::Relaxed);
-        let result = if method == "GET" {
-            let mut req = self.agent.get(&url);
-            if let Some(t) = &self.token {
-                req = req.header("Authorization", &format!("Bearer {t}"));
-            }
-            req.config().timeout_global(Some(deadline)).build().call()
-        } else {
-            let mut req = self
-                .agent
-                .post(&url)
-                .header("Content-Type", "application/json");
-            if let Some(t) = &self.token {
-                req = req.header("Authorization", &format!("Bearer {t}"));
-            }
-            req.config()
-                .timeout_global(Some(deadline))
-                .build()
-                .send(body.unwrap_or(""))
-        };
-        let mut resp = result.map_err(|e| Failure::Retry(format!("{method} {url}: {e}")))?;
-        let status = resp.status().as_u16();
-        let text = resp
-            .body_mut()
-            .with_config()
-            .limit(256 << 20)
-            .read_to_string()
-            .map_err(|e| {
-                Failure::Retry(format!(
-                    "{method} {url}: HTTP {status}, reading the body: {e}"
-                ))
-            })?;
-        match status {
-            200..=299 => Ok(text),
-            // Busy, overloaded, restarting or behind a gateway that timed out.
-            408 | 429 | 500..=599 => Err(Failure::Retry(format!(
-                "{method} {url}: HTTP {status}: {}",
-                excerpt(&text)
-            ))),
-            _ => Err(Failure::Refused(format!(
-                "{method} {url}: HTTP {status}: {}",
-                excerpt(&text)
-            ))),
-        }
-    }
-
-    /// Takes a request slot on the least busy server, preferring one other
-    /// than `avoid` (the one that just failed).
-    fn acquire(&self, avoid: Option<usize>) -> usize {
-        let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            let n = busy.len();
-            let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-            let pick = (0..n)
-                .map(|k| (start + k) % n)
-                .filter(|&i| busy[i] < self.concurrency)
-                .min_by_key(|&i| (Some(i) == avoid && n > 1, busy[i]));
-            if let Some(i) = pick {
-                busy[i] += 1;
-                return i;
-            }
-            busy = self.freed.wait(busy).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    fn release(&self, i: usize) {
-        let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
-        busy[i] -= 1;
-        self.freed.notify_one();
-    }
-
-    /// POSTs `body` to `path` until one server answers, trying again on
-    /// the next server after a backoff; `Err` carries every failure.
-    fn post(&self, path: &str, body: &str, deadline: Duration) -> Result<String, String> {
-        let mut errors = Vec::new();
-        let mut avoid = None;
-        for attempt in 0..=self.retries {
-            if attempt > 0 {
-                self.stats.retries.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(backoff(attempt));
-            }
-            let i = self.acquire(avoid);
-            let r = self.call(i, "POST", path, Some(body), deadline);
-            self.release(i);
-            match r {
-                Ok(text) => return Ok(text),
-                Err(Failure::Refused(e)) => {
-                    errors.push(e);
-                    break;
-                }
-                Err(Failure::Retry(e)) => {
-                    errors.push(e);
-                    avoid = Some(i);
-                }
-            }
-        }
-        self.stats.unanswered.fetch_add(1, Ordering::Relaxed);
-        Err(errors.join("; then "))
     }
 
     /// The deadline of one request running `n_tests` tests.
@@ -294,7 +135,10 @@ impl Remote {
             Ok(b) => b,
             Err(e) => return ExecReport::no_signal(format!("remote sandbox: cannot encode: {e}")),
         };
-        match self.post("/falcon/run_tests", &body, self.deadline(task.tests.len())) {
+        match self
+            .servers
+            .post("/falcon/run_tests", &body, self.deadline(task.tests.len()))
+        {
             Ok(text) => match serde_json::from_str::<ExecReport>(&text) {
                 Ok(r) if r.no_signal.is_some() || r.tests.len() == task.tests.len() => r,
                 Ok(r) => ExecReport::no_signal(format!(
@@ -323,6 +167,7 @@ impl Remote {
                 ..RunCodeRequest::python(program, self.exec.timeout_s)
             };
             let resp = self
+                .servers
                 .post(
                     "/run_code",
                     &serde_json::to_string(&req).unwrap_or_default(),
@@ -370,6 +215,7 @@ impl Remote {
         let body = serde_json::to_string(&req).map_err(|e| ScriptError::Sandbox(e.to_string()))?;
         let deadline = Duration::from_secs_f64(3.0 * timeout + 40.0);
         let text = self
+            .servers
             .post("/run_code", &body, deadline)
             .map_err(|e| ScriptError::Sandbox(format!("remote sandbox: {e}")))?;
         let resp: RunCodeResponse = serde_json::from_str(&text).map_err(|e| {
@@ -385,41 +231,9 @@ fn probe_request() -> String {
     serde_json::to_string(&RunCodeRequest::python("print('ok')".into(), 10.0)).unwrap_or_default()
 }
 
-/// The wait before try `attempt` (1-based): exponential with ±25% jitter.
-fn backoff(attempt: u32) -> Duration {
-    let base = FIRST_BACKOFF
-        .saturating_mul(1 << attempt.min(10).saturating_sub(1))
-        .min(MAX_BACKOFF);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let jitter = 0.75 + 0.5 * (nanos % 1000) as f64 / 1000.0;
-    base.mul_f64(jitter)
-}
-
-/// The first characters of a body, on one line.
-fn excerpt(body: &str) -> String {
-    crate::text::body_excerpt(body, 300)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_grows_and_is_capped() {
-        let b1 = backoff(1);
-        let b3 = backoff(3);
-        assert!(
-            b1 >= Duration::from_millis(150) && b1 <= Duration::from_millis(250),
-            "{b1:?}"
-        );
-        assert!(
-            b3 >= Duration::from_millis(600) && b3 <= Duration::from_millis(1000),
-            "{b3:?}"
-        );
-        assert!(backoff(30) <= MAX_BACKOFF.mul_f64(1.25));
-    }
 
     #[test]
     fn a_remote_with_no_server_answering_says_which_and_why() {
