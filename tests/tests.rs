@@ -8,6 +8,7 @@ mod cli;
 mod common;
 mod config_check;
 mod crash;
+mod custom_rewards;
 mod dist;
 mod docs;
 mod exec_adversarial;

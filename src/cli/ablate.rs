@@ -84,6 +84,18 @@ pub fn run(args: AblateArgs) -> Result<()> {
                 }
             );
         }
+        let mut unusable = Vec::new();
+        for cfg in &cfgs {
+            for p in falcon_rl::reward::custom::check_all(&cfg.reward.custom) {
+                unusable.push(format!("  {}: {p}", cfg.run.name));
+            }
+        }
+        if !unusable.is_empty() {
+            return Err(usage(format!(
+                "the grid resolves, but reward terms are not usable:\n{}",
+                unusable.join("\n")
+            )));
+        }
         eprintln!(
             "falcon: {n} variants of {} resolve and validate",
             grid.base.display()

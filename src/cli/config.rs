@@ -46,7 +46,17 @@ pub fn run(cmd: ConfigCmd) -> Result<()> {
         ConfigCmd::Check { file, job } => {
             let job = job.job();
             match RunConfig::load_for(&file, job) {
-                Ok(_) => {
+                Ok(cfg) => {
+                    let problems = falcon_rl::reward::custom::check_all(&cfg.reward.custom);
+                    if !problems.is_empty() {
+                        let list: Vec<String> =
+                            problems.iter().map(|p| format!("  {p}")).collect();
+                        return Err(usage(format!(
+                            "{}: the config is valid but its reward terms are not usable:\n{}",
+                            file.display(),
+                            list.join("\n")
+                        )));
+                    }
                     println!("{}: ok for `falcon {}`", file.display(), job.name());
                     Ok(())
                 }

@@ -12,8 +12,8 @@ use super::{usage, ModelArgs, UsageError};
 use falcon_rl::config::RunConfig;
 use falcon_rl::exec::Sandbox;
 use falcon_rl::memory::stats::ErrorStats;
-use falcon_rl::model::Policy;
-use falcon_rl::reward::Rewards;
+use falcon_rl::model::{Completion, FinishReason, Policy};
+use falcon_rl::reward::{CustomSample, Rewards};
 use falcon_rl::task::{LoadOptions, Task, TaskFormat, TaskSet};
 
 #[derive(Args)]
@@ -140,7 +140,27 @@ pub fn run(args: ExecArgs) -> Result<()> {
         stats.observe(r);
     }
     let codes: Vec<&str> = samples.iter().map(|s| s.code.as_str()).collect();
-    let scored = rewards.score(&reports, &codes, &stats.p_error())?;
+    // A custom term sees each code as the completion that wrote it.
+    let completions: Vec<Completion> = samples
+        .iter()
+        .map(|s| Completion::text_only(s.code.clone(), FinishReason::Eos))
+        .collect();
+    let custom_samples: Vec<CustomSample> = samples
+        .iter()
+        .zip(&completions)
+        .zip(&reports)
+        .map(|((s, completion), report)| {
+            let task = tasks.get(&s.task_id).expect("checked");
+            CustomSample {
+                task,
+                prompt: &task.prompt,
+                completion,
+                report,
+            }
+        })
+        .collect();
+    let custom = rewards.custom(0, &custom_samples);
+    let scored = rewards.score(&reports, &codes, &stats.p_error(), &custom)?;
 
     let mut lines = String::new();
     let mut by_outcome: BTreeMap<String, usize> = BTreeMap::new();

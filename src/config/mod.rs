@@ -217,12 +217,23 @@ impl RunConfig {
     }
 
     /// Reads and parses a TOML file. Does not validate; see [`RunConfig::load`].
+    /// The paths of `[[reward.custom]]` terms are relative to the file and
+    /// come back absolute, so the copy a run saves works from anywhere.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::from_toml_str(&text, &path.display().to_string())
+        let mut config = Self::from_toml_str(&text, &path.display().to_string())?;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+        for term in &mut config.reward.custom {
+            term.rebase(&dir);
+        }
+        Ok(config)
     }
 
     /// Reads, parses and validates a TOML file (values and the rules

@@ -93,6 +93,9 @@ pub struct RewardConfig {
     pub static_judge: StaticJudgeConfig,
     /// `[reward.lm_judge]`: LM judge settings.
     pub lm_judge: LmJudgeConfig,
+    /// `[[reward.custom]]`: the user's own terms, beside FALCON's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub custom: Vec<CustomTermConfig>,
 }
 
 impl Default for RewardConfig {
@@ -111,6 +114,7 @@ impl Default for RewardConfig {
             judge: JudgeKind::Static,
             static_judge: StaticJudgeConfig::default(),
             lm_judge: LmJudgeConfig::default(),
+            custom: Vec::new(),
         }
     }
 }
@@ -135,7 +139,313 @@ impl Section for RewardConfig {
             .validate_into(&format!("{path}.static_judge"), problems);
         self.lm_judge
             .validate_into(&format!("{path}.lm_judge"), problems);
+        let mut names = std::collections::BTreeSet::new();
+        for (i, c) in self.custom.iter().enumerate() {
+            let at = format!("{path}.custom[{i}]");
+            c.validate_into(&at, problems);
+            if !names.insert(c.name.as_str()) {
+                problems.push(
+                    &format!("{at}.name"),
+                    &c.name,
+                    "is already the name of another [[reward.custom]] term",
+                );
+            }
+        }
     }
+}
+
+/// Where a custom term's values come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CustomKind {
+    /// A function in a Python file, run in a pool of Python processes.
+    Python,
+    /// An executable: one JSON object per sample in, one result per line out.
+    Command,
+    /// A server speaking OpenRLHF's remote reward model protocol.
+    Http,
+}
+
+/// Which trainer's calling convention a Python reward function follows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RewardSignature {
+    /// TRL: `f(prompts, completions, completion_ids, **columns) -> list[float | None]`.
+    #[default]
+    Trl,
+    /// verl: `compute_score(data_source, solution_str, ground_truth, extra_info)`
+    /// per sample, a float or a dict with a `score`.
+    Verl,
+    /// OpenRLHF: `reward_func(queries, prompts, labels)`, a list, tensor or a
+    /// dict with `rewards`.
+    Openrlhf,
+}
+
+/// How completions reach a TRL-style function: text, or the chat messages
+/// of a conversational dataset (`[{"role": "assistant", "content": ...}]`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompletionFormat {
+    #[default]
+    Standard,
+    Conversational,
+}
+
+/// The names no custom term may take: FALCON's terms and the composite's
+/// own entries.
+pub const RESERVED_TERM_NAMES: [&str; 7] = [
+    "coarse",
+    "error",
+    "style",
+    "complexity",
+    "negative",
+    "unit_test",
+    "total",
+];
+
+/// One `[[reward.custom]]` term (docs/rewards.md, "Your own reward").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CustomTermConfig {
+    /// Logged as `reward/<name>`; unique, not a built-in term's name.
+    pub name: String,
+    pub kind: CustomKind,
+    /// The term's weight in the composite.
+    pub weight: f64,
+    /// `on`, `log_only` or `off`, as for FALCON's terms.
+    pub mode: TermMode,
+    /// python: the file (relative to the config file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<std::path::PathBuf>,
+    /// python: the callable's name (default: `compute_score` for verl,
+    /// `reward_func` for openrlhf, the term's name for trl).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub function: String,
+    /// python: whose calling convention the function follows.
+    pub signature: RewardSignature,
+    /// python, trl: completions as text or as chat messages.
+    pub completions: CompletionFormat,
+    /// python: the interpreter; "auto" looks in the project's virtualenvs,
+    /// then on `PATH`.
+    pub python: String,
+    /// python: extra keyword arguments for every call (verl's
+    /// `custom_reward_function.reward_kwargs`).
+    #[serde(skip_serializing_if = "toml::Table::is_empty")]
+    pub kwargs: toml::Table,
+    /// python: processes in the pool; a step's batch is split between them
+    /// in contiguous slices (1: the function sees the whole batch, as in TRL).
+    pub workers: usize,
+    /// command: the program and its arguments, run in the config file's
+    /// directory.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// command: the working directory (filled in with the config file's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<std::path::PathBuf>,
+    /// http: the servers' full URLs (OpenRLHF's `/get_reward`), tried in
+    /// turn on failure.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub urls: Vec<String>,
+    /// http: the environment variable holding a bearer token (unset or empty:
+    /// no `Authorization` header).
+    pub token_env: String,
+    /// http: requests in flight per server.
+    pub concurrency: usize,
+    /// http: tries after the first, on the next server, with backoff.
+    pub retries: u32,
+    /// http: samples per request (0: the whole batch in one request).
+    pub batch_size: usize,
+    /// openrlhf (python and http): the task field sent as `labels`.
+    pub label_key: String,
+    /// Seconds one call may take (a Python call, a command's batch, an HTTP
+    /// request) before its samples get no signal.
+    pub timeout_s: f64,
+}
+
+impl Default for CustomTermConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            kind: CustomKind::Python,
+            weight: 1.0,
+            mode: TermMode::On,
+            path: None,
+            function: String::new(),
+            signature: RewardSignature::Trl,
+            completions: CompletionFormat::Standard,
+            python: "auto".to_owned(),
+            kwargs: toml::Table::new(),
+            workers: 1,
+            command: Vec::new(),
+            cwd: None,
+            urls: Vec::new(),
+            token_env: "FALCON_REWARD_TOKEN".to_owned(),
+            concurrency: 4,
+            retries: 2,
+            batch_size: 0,
+            label_key: "tests".to_owned(),
+            timeout_s: 60.0,
+        }
+    }
+}
+
+impl CustomTermConfig {
+    /// The callable a python term calls.
+    pub fn function_name(&self) -> &str {
+        match (self.function.is_empty(), self.signature) {
+            (false, _) => &self.function,
+            (true, RewardSignature::Verl) => "compute_score",
+            (true, RewardSignature::Openrlhf) => "reward_func",
+            (true, RewardSignature::Trl) => &self.name,
+        }
+    }
+
+    /// Relative paths made absolute against `dir` (the config file's).
+    pub fn rebase(&mut self, dir: &std::path::Path) {
+        if let Some(p) = &self.path {
+            if p.is_relative() {
+                self.path = Some(dir.join(p));
+            }
+        }
+        if self.kind == CustomKind::Command {
+            match &self.cwd {
+                Some(c) if c.is_relative() => self.cwd = Some(dir.join(c)),
+                None => self.cwd = Some(dir.to_path_buf()),
+                Some(_) => {}
+            }
+        }
+    }
+}
+
+impl Section for CustomTermConfig {
+    fn validate_into(&self, path: &str, problems: &mut Problems) {
+        let name_ok = !self.name.is_empty()
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !name_ok {
+            problems.push(
+                &format!("{path}.name"),
+                &self.name,
+                "must be a non-empty name of letters, digits, `_` and `-` (it is logged as reward/<name>)",
+            );
+        } else if RESERVED_TERM_NAMES.contains(&self.name.as_str()) {
+            problems.push(
+                &format!("{path}.name"),
+                &self.name,
+                "is a built-in term's name; set that term with [reward] instead, or pick another name",
+            );
+        }
+        if !(self.weight >= 0.0 && self.weight.is_finite()) {
+            problems.push(
+                &format!("{path}.weight"),
+                self.weight,
+                "must be a finite number >= 0 (turn a term off with its mode, not a negative weight)",
+            );
+        }
+        if !(self.timeout_s > 0.0 && self.timeout_s <= 3600.0) {
+            problems.push(
+                &format!("{path}.timeout_s"),
+                self.timeout_s,
+                "must be in (0, 3600] seconds",
+            );
+        }
+        let mut not_for = |key: &str, set: bool| {
+            if set {
+                problems.push(
+                    &format!("{path}.{key}"),
+                    "(set)",
+                    &format!("does not apply to kind = \"{}\"", kind_name(self.kind)),
+                );
+            }
+        };
+        match self.kind {
+            CustomKind::Python => {
+                not_for("command", !self.command.is_empty());
+                not_for("urls", !self.urls.is_empty());
+                if self.path.is_none() {
+                    problems.push(
+                        &format!("{path}.path"),
+                        "(unset)",
+                        "must name the Python file that defines the function",
+                    );
+                }
+                if self.workers == 0 || self.workers > 64 {
+                    problems.push(
+                        &format!("{path}.workers"),
+                        self.workers,
+                        "must be in 1..=64",
+                    );
+                }
+                if self.python.trim().is_empty() {
+                    problems.push(
+                        &format!("{path}.python"),
+                        &self.python,
+                        "must name an executable or be \"auto\"",
+                    );
+                }
+            }
+            CustomKind::Command => {
+                not_for("path", self.path.is_some());
+                not_for("urls", !self.urls.is_empty());
+                if self.command.first().is_none_or(|c| c.trim().is_empty()) {
+                    problems.push(
+                        &format!("{path}.command"),
+                        format!("{:?}", self.command),
+                        "must name the program to run, then its arguments",
+                    );
+                }
+            }
+            CustomKind::Http => {
+                not_for("path", self.path.is_some());
+                not_for("command", !self.command.is_empty());
+                if self.urls.is_empty() {
+                    problems.push(
+                        &format!("{path}.urls"),
+                        "[]",
+                        "must list at least one server URL (http://host:port/get_reward)",
+                    );
+                }
+                for (i, u) in self.urls.iter().enumerate() {
+                    if let Err(why) = check_url(u) {
+                        problems.push(&format!("{path}.urls[{i}]"), u, &why);
+                    }
+                }
+                if self.concurrency == 0 {
+                    problems.push(&format!("{path}.concurrency"), 0, "must be >= 1");
+                }
+            }
+        }
+    }
+}
+
+fn kind_name(k: CustomKind) -> &'static str {
+    match k {
+        CustomKind::Python => "python",
+        CustomKind::Command => "command",
+        CustomKind::Http => "http",
+    }
+}
+
+/// `http://host[:port]/path` or `https://...`, with a host.
+fn check_url(u: &str) -> Result<(), String> {
+    let Some(rest) = u
+        .strip_prefix("http://")
+        .or_else(|| u.strip_prefix("https://"))
+    else {
+        return Err("must start with http:// or https://".into());
+    };
+    let host = rest.split(['/', '?']).next().unwrap_or("");
+    if host.is_empty() || host.starts_with(':') {
+        return Err("has no host".into());
+    }
+    if let Some((_, port)) = host.rsplit_once(':') {
+        if !host.ends_with(']') && port.parse::<u16>().is_err() {
+            return Err(format!("port {port:?} is not a number in 0..=65535"));
+        }
+    }
+    Ok(())
 }
 
 /// `[reward.static_judge]`: style from ruff's findings, complexity from McCabe.

@@ -102,7 +102,11 @@ fn figure(r: &SummaryRow, what: &str, k: &str) -> Option<f64> {
 /// Reward terms over all rows, `total` last.
 fn reward_terms(rows: &[SummaryRow]) -> Vec<String> {
     let set: BTreeSet<&String> = rows.iter().flat_map(|r| r.reward.keys()).collect();
-    let mut v: Vec<String> = set.into_iter().filter(|k| *k != "total").cloned().collect();
+    let mut v: Vec<String> = set
+        .into_iter()
+        .filter(|k| *k != "total" && !k.contains('/'))
+        .cloned()
+        .collect();
     if rows.iter().any(|r| r.reward.contains_key("total")) {
         v.push("total".into());
     }

@@ -13,10 +13,11 @@ pub(super) fn terms(
     f: fn(&StepMetrics) -> &BTreeMap<String, Option<f64>>,
 ) -> Vec<String> {
     let keys: BTreeSet<&String> = metrics.iter().flat_map(|m| f(m).keys()).collect();
-    // `total` last: it is drawn in black over the terms it sums.
+    // `total` last: it is drawn in black over the terms it sums. Keys
+    // below a term (`judge/no_signal`: a count) are not terms.
     let mut v: Vec<String> = keys
         .into_iter()
-        .filter(|k| *k != "total")
+        .filter(|k| *k != "total" && !k.contains('/'))
         .cloned()
         .collect();
     if metrics.iter().any(|m| f(m).contains_key("total")) {

@@ -15,6 +15,12 @@
 //! weight each reported term carries, so `total` is exactly
 //! `Σ weights[name] · terms[name]` over the reported terms.
 //!
+//! After them come the user's `[[reward.custom]]` terms, in config order,
+//! each with its own weight and the same modes. A custom value that does
+//! not apply (`None` from a TRL function) leaves the term out of that
+//! sample, as TRL does; one without signal counts like a judge without
+//! signal (`on_missing`).
+//!
 //! A sample without signal (`outcome == None`: the sandbox broke) gets no
 //! reward at all, never a fake runtime error (verl#4074).
 
@@ -22,6 +28,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::custom::{CustomScores, CustomValue};
 use super::terms::{r_coarse, r_error, r_negative};
 use crate::config::{OnMissingTerm, RewardConfig, TermMode};
 use crate::exec::outcome::{ErrorKind, ExecReport, RewardClass};
@@ -46,6 +53,8 @@ pub struct SampleSignals {
     pub style: Option<f64>,
     /// C from a judge, `None` when the judge gave no signal or was not run.
     pub complexity: Option<f64>,
+    /// The `[[reward.custom]]` terms' values, by name.
+    pub custom: CustomScores,
 }
 
 impl SampleSignals {
@@ -65,6 +74,7 @@ impl SampleSignals {
             p_error,
             style,
             complexity,
+            custom: CustomScores::new(),
         }
     }
 }
@@ -81,6 +91,9 @@ pub struct RewardBreakdown {
     pub unit_test: Option<f64>,
     /// Computed terms that had no signal (only under `on_missing = "skip_term"`).
     pub missing: Vec<String>,
+    /// Custom terms that do not apply to this sample (left out, not missing).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_applicable: Vec<String>,
     /// `R = Σ weights[name] · terms[name]`.
     pub total: f64,
 }
@@ -124,6 +137,7 @@ pub fn composite(cfg: &RewardConfig, s: &SampleSignals) -> Option<RewardBreakdow
         weights: BTreeMap::new(),
         unit_test: None,
         missing: Vec::new(),
+        not_applicable: Vec::new(),
         total: 0.0,
     };
     for name in TERM_NAMES {
@@ -157,6 +171,31 @@ pub fn composite(cfg: &RewardConfig, s: &SampleSignals) -> Option<RewardBreakdow
         b.weights.insert(name.to_owned(), weight);
         b.total += weight * value;
     }
+    for term in cfg.custom.iter().filter(|t| t.mode.computed()) {
+        let name = term.name.as_str();
+        let value = match s.custom.get(name) {
+            Some(CustomValue::Value(v)) if v.is_finite() => *v,
+            Some(CustomValue::NotApplicable) => {
+                b.not_applicable.push(name.to_owned());
+                continue;
+            }
+            _ => match cfg.on_missing {
+                OnMissingTerm::SkipSample => return None,
+                OnMissingTerm::SkipTerm => {
+                    b.missing.push(name.to_owned());
+                    continue;
+                }
+            },
+        };
+        let weight = if term.mode == TermMode::On {
+            term.weight
+        } else {
+            0.0
+        };
+        b.terms.insert(name.to_owned(), value);
+        b.weights.insert(name.to_owned(), weight);
+        b.total += weight * value;
+    }
     Some(b)
 }
 
@@ -177,6 +216,7 @@ mod tests {
             p_error: BTreeMap::from([(ErrorKind::WrongAnswer, 0.5), (ErrorKind::TypeError, 0.2)]),
             style: Some(1.5),
             complexity: Some(-0.5),
+            custom: CustomScores::new(),
         }
     }
 
@@ -258,6 +298,7 @@ mod tests {
             p_error: BTreeMap::new(),
             style: Some(2.0),
             complexity: Some(2.0),
+            custom: CustomScores::new(),
         };
         let b = composite(&RewardConfig::default(), &s).unwrap();
         // T = 1 + 1; R = 2 + 0.2·2 + 0.2·2 + 0.2·0 = 2.8
@@ -342,5 +383,45 @@ mod tests {
         assert!(close(b.terms["negative"], -0.4));
         // R = −0.25 + 0.2 + 0.2 − 0.08 = 0.07
         assert!(close(b.total, 0.07), "{}", b.total);
+    }
+
+    #[test]
+    fn custom_terms_weigh_in_and_none_means_does_not_apply() {
+        use crate::config::{CustomTermConfig, OnMissingTerm};
+        let mut cfg = cfg();
+        let term = |name: &str, weight: f64, mode: TermMode| CustomTermConfig {
+            name: name.into(),
+            weight,
+            mode,
+            ..CustomTermConfig::default()
+        };
+        cfg.custom = vec![
+            term("doc", 0.5, TermMode::On),
+            term("judge", 3.0, TermMode::LogOnly),
+            term("na", 1.0, TermMode::On),
+            term("gone", 1.0, TermMode::Off),
+        ];
+        let mut s = signals();
+        let base = composite(&self::cfg(), &s).map(|b| b.total);
+        s.custom = CustomScores::from([
+            ("doc".to_owned(), CustomValue::Value(2.0)),
+            ("judge".to_owned(), CustomValue::Value(-1.0)),
+            ("na".to_owned(), CustomValue::NotApplicable),
+        ]);
+        let b = composite(&cfg, &s).unwrap();
+        assert_total_is_weighted_sum(&b);
+        assert!(close(b.total, base.unwrap() + 0.5 * 2.0), "{b:?}");
+        assert_eq!((b.terms["judge"], b.weights["judge"]), (-1.0, 0.0));
+        assert!(!b.terms.contains_key("na") && !b.terms.contains_key("gone"));
+        assert_eq!(b.not_applicable, ["na"]);
+        assert!(b.missing.is_empty());
+        // No signal from a custom term is like a judge's: skip the sample, or the term.
+        s.custom
+            .insert("doc".into(), CustomValue::NoSignal("f() raised".into()));
+        assert_eq!(composite(&cfg, &s), None);
+        cfg.on_missing = OnMissingTerm::SkipTerm;
+        let b = composite(&cfg, &s).unwrap();
+        assert_eq!(b.missing, ["doc"]);
+        assert!(close(b.total, base.unwrap()));
     }
 }

@@ -8,6 +8,9 @@
 //! - [`static_judge`]: S from ruff's findings, C from McCabe complexity (default).
 //! - [`lm_judge`]: S and C from a language model with FALCON's Table 8 and 9
 //!   templates, and the strict score parser.
+//! - [`custom`]: the user's own terms (`[[reward.custom]]`): a Python
+//!   function in TRL's, verl's or OpenRLHF's convention, a command, or an
+//!   OpenRLHF-style reward server.
 //! - [`spans`]: error lines → `(start_token, end_token, reward)` spans.
 //! - [`pipeline`]: the one path from a completion to its reward, used by
 //!   training, evaluation and `falcon exec`: [`execute`], then
@@ -16,6 +19,7 @@
 //! See docs/rewards.md for the formulas, scales and modes.
 
 pub mod composite;
+pub mod custom;
 pub mod lm_judge;
 pub mod pipeline;
 mod process;
@@ -26,6 +30,7 @@ pub mod terms;
 use serde::{Deserialize, Serialize};
 
 pub use composite::{composite, RewardBreakdown, SampleSignals, TERM_NAMES};
+pub use custom::{CustomSample, CustomScores, CustomTerms, CustomValue};
 pub use lm_judge::{parse_score, prompt, LmJudge};
 pub use pipeline::{execute, Rewards};
 pub use spans::{
@@ -81,6 +86,9 @@ pub enum RewardError {
     /// Error lines or token offsets that do not fit the code.
     #[error(transparent)]
     Span(#[from] spans::SpanError),
+    /// A `[[reward.custom]]` term cannot be used at all.
+    #[error(transparent)]
+    Custom(#[from] custom::CustomError),
 }
 
 /// What a judge scores.

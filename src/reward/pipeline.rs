@@ -1,8 +1,10 @@
 //! The one way from a completion to its reward, shared by training,
 //! evaluation and `falcon exec`: the code is cut out of the completion and
-//! run against its task ([`execute`]), the execution report becomes FALCON's
-//! terms and their weighted composite ([`Rewards::score`]), and the failing
-//! lines become token spans for the fine-grained loss ([`Rewards::spans`]).
+//! run against its task ([`execute`]), the user's own terms give their values
+//! ([`Rewards::custom`]), the execution report becomes FALCON's terms and,
+//! with the custom values, their weighted composite ([`Rewards::score`]), and
+//! the failing lines become token spans for the fine-grained loss
+//! ([`Rewards::spans`]).
 //! `P_error` (Eq. 11) is the caller's: it is a statistic over the run's
 //! history, which memory keeps.
 
@@ -10,7 +12,8 @@ use std::collections::BTreeMap;
 
 use super::{
     answer_code, composite, error_line_spans, judge_from_config, offsets_by_incremental_decode,
-    r_coarse, Aspect, Judge, RewardBreakdown, RewardError, SampleSignals, TokenSpan,
+    r_coarse, Aspect, CustomSample, CustomScores, CustomTerms, Judge, RewardBreakdown, RewardError,
+    SampleSignals, TokenSpan,
 };
 use crate::config::RewardConfig;
 use crate::exec::{ErrorKind, ExecReport, RewardClass, Sandbox};
@@ -27,10 +30,11 @@ pub fn execute(sandbox: &Sandbox, jobs: &[(&Task, &Completion)]) -> Vec<ExecRepo
     sandbox.run_batch(&code)
 }
 
-/// `[reward]` with its judge: scores execution reports.
+/// `[reward]` with its judge and custom terms: scores execution reports.
 pub struct Rewards<'j> {
     cfg: RewardConfig,
     judge: Box<dyn Judge + 'j>,
+    custom: CustomTerms,
 }
 
 impl<'j> Rewards<'j> {
@@ -43,17 +47,31 @@ impl<'j> Rewards<'j> {
         Ok(Rewards {
             cfg: cfg.clone(),
             judge: judge_from_config(cfg, judge_model)?,
+            custom: CustomTerms::new(&cfg.custom)?,
         })
     }
 
+    /// Whether `[[reward.custom]]` has a term to compute.
+    pub fn has_custom(&self) -> bool {
+        !self.custom.is_empty()
+    }
+
+    /// The custom terms' values of each sample at training step `step`
+    /// (empty maps when there are no custom terms).
+    pub fn custom(&self, step: u64, samples: &[CustomSample<'_>]) -> Vec<CustomScores> {
+        self.custom.score(step, samples)
+    }
+
     /// Each sample's reward, term by term (`None`: no signal), from its
-    /// report, its code (for the style and complexity judges) and the run's
-    /// `P_error`.
+    /// report, its code (for the style and complexity judges), the run's
+    /// `P_error` and its [custom values](Rewards::custom) (`custom` may be
+    /// empty when there are no custom terms).
     pub fn score(
         &self,
         reports: &[ExecReport],
         codes: &[&str],
         p_error: &BTreeMap<ErrorKind, f64>,
+        custom: &[CustomScores],
     ) -> Result<Vec<Option<RewardBreakdown>>, RewardError> {
         let judged = |on: bool, aspect| {
             if on {
@@ -68,10 +86,12 @@ impl<'j> Rewards<'j> {
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                composite(
-                    &self.cfg,
-                    &SampleSignals::from_report(r, p_error.clone(), style[i], complexity[i]),
-                )
+                let mut signals =
+                    SampleSignals::from_report(r, p_error.clone(), style[i], complexity[i]);
+                if let Some(c) = custom.get(i) {
+                    signals.custom = c.clone();
+                }
+                composite(&self.cfg, &signals)
             })
             .collect())
     }

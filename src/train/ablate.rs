@@ -221,7 +221,16 @@ impl Grid {
         let mut table = base.clone();
         apply_overrides(&mut table, &all).map_err(verr)?;
         match parse_config(table) {
-            Ok(cfg) => Ok(cfg),
+            Ok(mut cfg) => {
+                // As in a config file: custom reward paths are relative to
+                // the base config's directory.
+                let dir = self.base.parent().unwrap_or(std::path::Path::new("."));
+                let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+                for term in &mut cfg.reward.custom {
+                    term.rebase(&dir);
+                }
+                Ok(cfg)
+            }
             Err(e) => {
                 // Name the override at fault: the first that fails alone.
                 for (k, val) in &all {
@@ -269,8 +278,10 @@ fn parse_config(table: toml::Table) -> Result<RunConfig, String> {
 }
 
 /// Set each dotted key of `set` in `table`, creating missing tables on the
-/// way. A key whose path runs through a value that is not a table is an
-/// error naming both.
+/// way. In an array of tables (`[[reward.custom]]`) the next part of the
+/// key picks the table by its `name` (`reward.custom.lint.weight`). A key
+/// whose path runs through a value that is not a table is an error naming
+/// both.
 pub fn apply_overrides(
     table: &mut toml::Table,
     set: &[(String, toml::Value)],
@@ -282,19 +293,56 @@ pub fn apply_overrides(
         }
         let (last, path) = parts.split_last().expect("split yields one part");
         let mut t = &mut *table;
-        for (i, p) in path.iter().enumerate() {
+        let mut i = 0;
+        while i < path.len() {
+            let p = path[i];
             let entry = t
                 .entry(p.to_string())
                 .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            t = match entry {
-                toml::Value::Table(inner) => inner,
-                other => {
+            if let toml::Value::Array(items) = entry {
+                if !items.iter().all(toml::Value::is_table) {
                     return Err(format!(
-                        "{key}: {} is {other}, not a section",
+                        "{key}: {} is a list, not a section",
                         parts[..=i].join(".")
-                    ))
+                    ));
                 }
-            };
+                let Some(&name) = path.get(i + 1) else {
+                    return Err(format!(
+                        "{key}: {} is a list of tables; name one: {}.NAME.key",
+                        parts[..=i].join("."),
+                        parts[..=i].join(".")
+                    ));
+                };
+                let names: Vec<String> = items
+                    .iter()
+                    .filter_map(|v| v.get("name").and_then(|n| n.as_str()).map(str::to_owned))
+                    .collect();
+                i += 1;
+                t = match items
+                    .iter_mut()
+                    .find(|v| v.get("name").and_then(|n| n.as_str()) == Some(name))
+                {
+                    Some(toml::Value::Table(inner)) => inner,
+                    _ => {
+                        return Err(format!(
+                            "{key}: {} has no entry named {name:?} (it has: {})",
+                            parts[..i].join("."),
+                            names.join(", ")
+                        ))
+                    }
+                };
+            } else {
+                t = match entry {
+                    toml::Value::Table(inner) => inner,
+                    other => {
+                        return Err(format!(
+                            "{key}: {} is {other}, not a section",
+                            parts[..=i].join(".")
+                        ))
+                    }
+                };
+            }
+            i += 1;
         }
         t.insert(last.to_string(), value.clone());
     }
@@ -412,6 +460,28 @@ fine = 1.0
         let text = format!("base = \"base.toml\"\nname = \"abl\"\n{variants}");
         std::fs::write(dir.join("grid.toml"), &text).unwrap();
         Grid::load(&dir.join("grid.toml"))
+    }
+
+    #[test]
+    fn overrides_pick_a_custom_term_by_name() {
+        let mut t: toml::Table = toml::from_str(
+            "[[reward.custom]]\nname = \"a\"\nweight = 1.0\n[[reward.custom]]\nname = \"b\"\nweight = 1.0\n",
+        )
+        .unwrap();
+        let set = |k: &str, v: toml::Value| vec![(k.to_owned(), v)];
+        apply_overrides(&mut t, &set("reward.custom.b.weight", 0.25.into())).unwrap();
+        apply_overrides(&mut t, &set("reward.custom.a.mode", "off".into())).unwrap();
+        let custom = t["reward"]["custom"].as_array().unwrap();
+        assert_eq!(custom[0]["mode"].as_str(), Some("off"));
+        assert_eq!(custom[0]["weight"].as_float(), Some(1.0));
+        assert_eq!(custom[1]["weight"].as_float(), Some(0.25));
+        let e = apply_overrides(&mut t, &set("reward.custom.c.weight", 1.0.into())).unwrap_err();
+        assert!(
+            e.contains("no entry named \"c\"") && e.contains("a, b"),
+            "{e}"
+        );
+        let e = apply_overrides(&mut t, &set("reward.custom.weight", 1.0.into())).unwrap_err();
+        assert!(e.contains("list of tables"), "{e}");
     }
 
     #[test]

@@ -23,7 +23,10 @@ use super::update::UpdateSeq;
 use super::TrainError;
 use crate::exec::{ExecReport, RewardClass};
 use crate::model::{Completion, Generator};
-use crate::reward::{answer_code, execute as run_in_sandbox, RewardBreakdown, Rewards, TokenSpan};
+use crate::reward::{
+    answer_code, execute as run_in_sandbox, CustomSample, CustomScores, CustomValue,
+    RewardBreakdown, Rewards, TokenSpan,
+};
 use crate::rollout::{generation_params, reflection_params, task_prompt, Env, Strategy};
 use crate::task::Task;
 
@@ -49,6 +52,17 @@ pub struct ScoredBatch {
     /// `[B][attempts]` each sample's attempt chain on its guiding test
     /// (repairing rollouts; empty otherwise).
     pub attempts: Vec<Vec<String>>,
+    /// `[B]` the `[[reward.custom]]` terms' values by name (empty maps
+    /// without custom terms).
+    #[serde(default)]
+    pub custom: Vec<CustomScores>,
+}
+
+/// What was learned by running a batch's completions, `[B]` each: the
+/// sandbox's reports and the custom reward terms' values.
+pub struct Executed {
+    pub reports: Vec<ExecReport>,
+    pub custom: Vec<CustomScores>,
 }
 
 impl ScoredBatch {
@@ -255,15 +269,16 @@ pub fn generate_adapted(
     Ok(out)
 }
 
-/// Run `gen`'s completions in the sandbox and, when they are this rank's
-/// share of the step, gather every rank's: all `tasks.len() × group`
-/// completions with their reports, in task order.
+/// Run `gen`'s completions in the sandbox, and through the custom reward
+/// terms, and, when they are this rank's share of the step, gather every
+/// rank's: all `tasks.len() × group` completions with their reports and
+/// custom values, in task order.
 pub fn execute(
     s: &TrainState,
     tasks: &[&Task],
     gen: Generated,
     timer: &mut Timer,
-) -> Result<(Generated, Vec<ExecReport>), TrainError> {
+) -> Result<(Generated, Executed), TrainError> {
     let g = gen.group;
     let first = gen.share.start;
     let jobs: Vec<(&Task, &Completion)> = gen
@@ -273,19 +288,36 @@ pub fn execute(
         .map(|(i, c)| (tasks[first + i / g], c))
         .collect();
     let reports = timer.time("exec", || run_in_sandbox(s.sandbox, &jobs));
+    let custom = if s.rewards.has_custom() {
+        let samples: Vec<CustomSample> = jobs
+            .iter()
+            .zip(&reports)
+            .map(|(&(task, completion), report)| CustomSample {
+                task,
+                prompt: &task.prompt,
+                completion,
+                report,
+            })
+            .collect();
+        timer.time("custom_reward", || s.rewards.custom(s.step, &samples))
+    } else {
+        vec![CustomScores::new(); reports.len()]
+    };
     if gen.share.len() == tasks.len() {
-        return Ok((gen, reports));
+        return Ok((gen, Executed { reports, custom }));
     }
     let t0 = Instant::now();
-    let both = shard::gather(s.dist, gen.comps.into_iter().zip(reports).collect())?;
+    let mine = gen.comps.into_iter().zip(reports.into_iter().zip(custom));
+    let all = shard::gather(s.dist, mine.collect())?;
     timer.add_since("gather", t0);
-    let (comps, reports) = both.into_iter().unzip();
+    let (comps, ran): (Vec<Completion>, Vec<(ExecReport, CustomScores)>) = all.into_iter().unzip();
+    let (reports, custom) = ran.into_iter().unzip();
     let whole = Generated {
         share: 0..tasks.len(),
         comps,
         ..gen
     };
-    Ok((whole, reports))
+    Ok((whole, Executed { reports, custom }))
 }
 
 /// Score every completion of `gen` (all of the tasks', in task order) from
@@ -294,9 +326,10 @@ pub fn execute(
 pub fn score(
     s: &TrainState,
     gen: Generated,
-    reports: Vec<ExecReport>,
+    ran: Executed,
     timer: &mut Timer,
 ) -> Result<ScoredBatch, TrainError> {
+    let Executed { reports, custom } = ran;
     let t0 = Instant::now();
     let g = gen.group;
     let comps = gen.comps;
@@ -307,7 +340,7 @@ pub fn score(
         .collect();
     let breakdowns = s
         .rewards
-        .score(&reports, &codes, &s.error_stats.p_error())?;
+        .score(&reports, &codes, &s.error_stats.p_error(), &custom)?;
     let totals: Vec<Option<f64>> = breakdowns
         .iter()
         .map(|b| b.as_ref().map(|b| b.total))
@@ -325,6 +358,7 @@ pub fn score(
         adv,
         spans,
         attempts: gen.attempts,
+        custom,
     })
 }
 
@@ -403,6 +437,14 @@ pub fn record(
     for (k, v) in reward.iter_mut() {
         let n = if k == "total" { scored } else { counts[k] };
         *v /= n.max(1) as f64;
+    }
+    // Custom terms also say how many samples they gave no value.
+    for scores in batches.iter().flat_map(|r| r.custom.iter()) {
+        for (name, v) in scores {
+            let no_signal = matches!(v, CustomValue::NoSignal(_));
+            *reward.entry(format!("{name}/no_signal")).or_insert(0.0) +=
+                f64::from(u8::from(no_signal));
+        }
     }
     let reports: Vec<&ExecReport> = batches.iter().flat_map(|r| r.reports.iter()).collect();
     let mut error_kinds = BTreeMap::new();

@@ -131,8 +131,8 @@ fn query_samples(
     let generated = generate_adapted(s, each, q, timer)?;
     let mut out = Vec::with_capacity(each.len());
     for (gen, (_, task, _, _)) in generated.into_iter().zip(each) {
-        let (gen, reports) = execute(s, &[task], gen, timer)?;
-        out.push(score(s, gen, reports, timer)?);
+        let (gen, ran) = execute(s, &[task], gen, timer)?;
+        out.push(score(s, gen, ran, timer)?);
     }
     Ok(out)
 }
@@ -192,9 +192,9 @@ pub fn step(
     // Line 8: samples of every task with θ; P_error sees them first.
     let share = shard::local(s.dist, tasks.len());
     let generated = generate(s, &tasks, &prompts, g, seed, share, &mut timer)?;
-    let (generated, reports) = execute(s, &tasks, generated, &mut timer)?;
-    s.observe_errors(&reports);
-    let support = score(s, generated, reports, &mut timer)?;
+    let (generated, ran) = execute(s, &tasks, generated, &mut timer)?;
+    s.observe_errors(&ran.reports);
+    let support = score(s, generated, ran, &mut timer)?;
 
     let theta = trainable(s.policy);
     zero_grad(&theta);

@@ -31,9 +31,9 @@ pub fn step(
     let mut timer = Timer::default();
     let share = shard::local(s.dist, tasks.len());
     let generated = generate(s, &tasks, &prompts, t.group_size, seed, share, &mut timer)?;
-    let (generated, reports) = execute(s, &tasks, generated, &mut timer)?;
-    s.observe_errors(&reports);
-    let batch = score(s, generated, reports, &mut timer)?;
+    let (generated, ran) = execute(s, &tasks, generated, &mut timer)?;
+    s.observe_errors(&ran.reports);
+    let batch = score(s, generated, ran, &mut timer)?;
     // Overlap: the servers generate the next step's rollouts with these
     // weights while this step updates them.
     start_next(s, &mut timer)?;
