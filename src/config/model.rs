@@ -220,6 +220,15 @@ pub fn project_venvs() -> Vec<PathBuf> {
     venvs
 }
 
+/// The places [`locate_tool`] tried, for a message: `a, b, c`.
+pub fn tried_list(tried: &[PathBuf]) -> String {
+    tried
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Finds the executable a tool setting names: a path (containing `/`) is
 /// taken as is; `"auto"` looks for `name` in the bin directory of each of
 /// [`project_venvs`], then on `PATH`; any other bare name is looked up on

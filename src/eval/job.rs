@@ -66,13 +66,7 @@ pub fn prepare_output(out: &Path, start: Start) -> Result<(), EvalError> {
     if found.is_empty() {
         return Ok(());
     }
-    let names = || {
-        found
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let names = || crate::config::tried_list(&found);
     match start {
         Start::New => Err(EvalError::Invalid(format!(
             "{} already holds an evaluation ({}): continue a partial one with --resume, write to another --out, or replace it with --overwrite",

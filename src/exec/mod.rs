@@ -215,11 +215,7 @@ impl Sandbox {
                 what: format!("the Python interpreter of [exec] python = \"{}\"", cfg.python),
                 hint: format!(
                     "looked at {}; run scripts/setup (it provisions the project's virtualenv) or set [exec] python",
-                    tried
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    crate::config::tried_list(&tried)
                 ),
             }
         })?;

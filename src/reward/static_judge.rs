@@ -187,11 +187,7 @@ impl StaticJudge {
         let missing = |tool: &str, key, tried: Vec<std::path::PathBuf>| RewardError::ToolMissing {
             tool: tool.to_owned(),
             key,
-            tried: tried
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
+            tried: crate::config::tried_list(&tried),
         };
         let ruff = resolve_tool(&cfg.ruff, "ruff").map_err(|t| missing("ruff", "ruff", t))?;
         let python =

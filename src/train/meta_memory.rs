@@ -9,7 +9,7 @@ use std::path::Path;
 
 use tch::Tensor;
 
-use super::scoring::ScoredBatch;
+use super::scored::ScoredBatch;
 use super::update::{sft_example, UpdateSeq};
 use super::TrainError;
 use crate::config::RunConfig;

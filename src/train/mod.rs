@@ -9,7 +9,7 @@
 //!   algorithm`, or the `sft` subcommand): `step::rl`, `step::meta`
 //!   (`maml` / `fomaml` / `reptile`), `step::sft`. No step imports another;
 //!   what they share is below them: generating, running and scoring samples
-//!   (`scoring`, with the step's `timer`), the
+//!   (`scoring`, into a `scored` batch, with the step's `timer`), the
 //!   policy update (`update`), the memories (`meta_memory`), the meta-update's
 //!   mathematics (`maml`) and how a step is split over data-parallel ranks
 //!   (`shard`: whole groups per rank, gathered samples, summed gradients).
@@ -34,6 +34,7 @@ mod meta_memory;
 pub mod metrics;
 pub mod optim;
 mod recipe;
+mod scored;
 mod scoring;
 mod shard;
 mod state;

@@ -2,8 +2,8 @@
 //! [`generate`] (the policy, the vLLM engine or the rollout strategy) →
 //! [`execute`] (the sandbox; a data-parallel rank runs its share and the
 //! ranks gather the whole) → [`score`] (rewards by name, group advantages,
-//! fine-grained spans) → a [`ScoredBatch`]. Also the step's tasks (a seeded
-//! walk over the task set), a meta-step's samples with fast weights
+//! fine-grained spans) → a [`ScoredBatch`] (`scored`). Also a meta-step's
+//! samples with fast weights
 //! ([`generate_adapted`]), the overlapped next generation ([`start_next`])
 //! the step's lines in `samples.jsonl` ([`log_samples`]) and its
 //! [`record`].
@@ -16,82 +16,18 @@ use super::advantage::advantages;
 use super::events::StepRecord;
 use super::maml::Weights;
 use super::metrics::JsonlWriter;
+use super::scored::{Executed, ScoredBatch};
 use super::shard;
-use super::state::{mix, TrainState};
+use super::state::TrainState;
 use super::timer::Timer;
-use super::update::UpdateSeq;
 use super::TrainError;
 use crate::exec::{ExecReport, RewardClass};
 use crate::model::{Completion, Generator};
 use crate::reward::{
-    answer_code, execute as run_in_sandbox, CustomSample, CustomScores, CustomValue,
-    RewardBreakdown, Rewards, TokenSpan,
+    answer_code, execute as run_in_sandbox, CustomSample, CustomScores, CustomValue, Rewards,
 };
 use crate::rollout::{generation_params, reflection_params, task_prompt, Env, Strategy};
 use crate::task::Task;
-
-/// One batch of scored samples: `B = tasks × group` completions, `group`
-/// consecutive ones per task, and what the sandbox and the reward pipeline
-/// said about each. What a step learns from and what memory keeps;
-/// serialisable, since the ranks of a data-parallel run gather each
-/// other's.
-#[derive(serde::Serialize, serde::Deserialize)]
-pub struct ScoredBatch {
-    /// Samples per task.
-    pub group: usize,
-    /// `[B]` prompt and completion token ids, text, engine log-probs.
-    pub comps: Vec<Completion>,
-    /// `[B]` what the sandbox saw.
-    pub reports: Vec<ExecReport>,
-    /// `[B]` reward terms by name and their total; `None`: no signal.
-    pub breakdowns: Vec<Option<RewardBreakdown>>,
-    /// `[B]` group advantage of each sample.
-    pub adv: Vec<f64>,
-    /// `[B][spans]` token spans of failing lines, with `R_fine`.
-    pub spans: Vec<Vec<TokenSpan>>,
-    /// `[B][attempts]` each sample's attempt chain on its guiding test
-    /// (repairing rollouts; empty otherwise).
-    pub attempts: Vec<Vec<String>>,
-    /// `[B]` the `[[reward.custom]]` terms' values by name (empty maps
-    /// without custom terms).
-    #[serde(default)]
-    pub custom: Vec<CustomScores>,
-}
-
-/// What was learned by running a batch's completions, `[B]` each: the
-/// sandbox's reports and the custom reward terms' values.
-pub struct Executed {
-    pub reports: Vec<ExecReport>,
-    pub custom: Vec<CustomScores>,
-}
-
-impl ScoredBatch {
-    pub fn passed(&self, i: usize) -> bool {
-        self.reports[i].outcome == Some(RewardClass::Pass)
-    }
-
-    /// The samples as update sequences.
-    pub fn seqs(&self) -> Vec<UpdateSeq<'_>> {
-        self.seqs_with(false)
-    }
-
-    /// [`ScoredBatch::seqs`], with each completion's log-probs from the
-    /// engine that sampled it when `checked`, for the update to compare.
-    pub fn seqs_with(&self, checked: bool) -> Vec<UpdateSeq<'_>> {
-        self.comps
-            .iter()
-            .enumerate()
-            .map(|(i, c)| UpdateSeq {
-                prompt_ids: &c.prompt_ids,
-                completion_ids: &c.token_ids,
-                advantage: self.adv[i],
-                passed: self.passed(i),
-                spans: &self.spans[i],
-                rollout_logprobs: if checked { &c.logprobs } else { &[] },
-            })
-            .collect()
-    }
-}
 
 /// Completions not yet run: `group` per task for the tasks `share` of the
 /// step's (all of them, except on a rank of a data-parallel run), with each
@@ -101,24 +37,6 @@ pub struct Generated {
     pub share: Range<usize>,
     pub comps: Vec<Completion>,
     pub attempts: Vec<Vec<String>>,
-}
-
-/// Tasks of step `step`: walk a per-epoch permutation (seeded) of the task
-/// set, `per_step` at a time, so the order needs no state to resume.
-pub(super) fn tasks_for_step(n: usize, per_step: usize, seed: u64, step: u64) -> Vec<usize> {
-    let perm = |epoch: u64| -> Vec<usize> {
-        let mut order: Vec<usize> = (0..n).collect();
-        let mut s = mix(seed ^ 0x7a5c, epoch);
-        for i in (1..n).rev() {
-            s = mix(s, i as u64);
-            order.swap(i, (s % (i as u64 + 1)) as usize);
-        }
-        order
-    };
-    let start = step * per_step as u64;
-    (start..start + per_step as u64)
-        .map(|k| perm(k / n as u64)[(k % n as u64) as usize])
-        .collect()
 }
 
 /// `g` completions per task of `tasks[share]` with the policy as it is now
@@ -473,31 +391,5 @@ pub fn record(
             .sum(),
         seconds: timer.into_seconds(),
         mismatch: BTreeMap::new(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn task_order_is_a_seeded_permutation_per_epoch() {
-        let all: Vec<usize> = (0..5).flat_map(|s| tasks_for_step(10, 2, 7, s)).collect();
-        let mut sorted = all.clone();
-        sorted.sort_unstable();
-        assert_eq!(
-            sorted,
-            (0..10).collect::<Vec<_>>(),
-            "one epoch covers every task once"
-        );
-        assert_eq!(tasks_for_step(10, 2, 7, 3), tasks_for_step(10, 2, 7, 3));
-        assert_ne!(
-            all,
-            (0..5)
-                .flat_map(|s| tasks_for_step(10, 2, 8, s))
-                .collect::<Vec<_>>()
-        );
-        // Steps that straddle epochs still work.
-        assert_eq!(tasks_for_step(3, 2, 1, 1).len(), 2);
     }
 }

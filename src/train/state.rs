@@ -19,7 +19,6 @@ use super::events::Observer;
 use super::meta_memory::MetaMemory;
 use super::metrics::{keep_before_step, keep_events};
 use super::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
-use super::scoring::tasks_for_step;
 use super::timer::Timer;
 use super::{Recipe, Start, TrainError};
 use crate::config::{EngineKind, Job, OptimizerKind, RunConfig, TrainConfig};
@@ -760,5 +759,49 @@ impl<'a> TrainState<'a> {
     /// The device the policy is on.
     pub fn device(&self) -> Device {
         self.policy.device()
+    }
+}
+
+/// Tasks of step `step`: walk a per-epoch permutation (seeded) of the task
+/// set, `per_step` at a time, so the order needs no state to resume.
+pub(super) fn tasks_for_step(n: usize, per_step: usize, seed: u64, step: u64) -> Vec<usize> {
+    let perm = |epoch: u64| -> Vec<usize> {
+        let mut order: Vec<usize> = (0..n).collect();
+        let mut s = mix(seed ^ 0x7a5c, epoch);
+        for i in (1..n).rev() {
+            s = mix(s, i as u64);
+            order.swap(i, (s % (i as u64 + 1)) as usize);
+        }
+        order
+    };
+    let start = step * per_step as u64;
+    (start..start + per_step as u64)
+        .map(|k| perm(k / n as u64)[(k % n as u64) as usize])
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_order_is_a_seeded_permutation_per_epoch() {
+        let all: Vec<usize> = (0..5).flat_map(|s| tasks_for_step(10, 2, 7, s)).collect();
+        let mut sorted = all.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            sorted,
+            (0..10).collect::<Vec<_>>(),
+            "one epoch covers every task once"
+        );
+        assert_eq!(tasks_for_step(10, 2, 7, 3), tasks_for_step(10, 2, 7, 3));
+        assert_ne!(
+            all,
+            (0..5)
+                .flat_map(|s| tasks_for_step(10, 2, 8, s))
+                .collect::<Vec<_>>()
+        );
+        // Steps that straddle epochs still work.
+        assert_eq!(tasks_for_step(3, 2, 1, 1).len(), 2);
     }
 }

@@ -210,23 +210,6 @@ pub(super) fn read_hparams(g: &GgufFile, arch: &str) -> Result<Hparams, GgufErro
     })
 }
 
-/// Special token ids from `tokenizer.ggml.*`.
-pub(super) struct SpecialIds {
-    pub(super) bos: Option<u64>,
-    pub(super) eos: Option<u64>,
-    pub(super) unk: Option<u64>,
-    pub(super) pad: Option<u64>,
-}
-
-pub(super) fn read_special_ids(g: &GgufFile) -> Result<SpecialIds, GgufError> {
-    Ok(SpecialIds {
-        bos: g.opt_u64("tokenizer.ggml.bos_token_id")?,
-        eos: g.opt_u64("tokenizer.ggml.eos_token_id")?,
-        unk: g.opt_u64("tokenizer.ggml.unknown_token_id")?,
-        pad: g.opt_u64("tokenizer.ggml.padding_token_id")?,
-    })
-}
-
 pub(super) fn build_config(
     arch: Arch,
     hp: &Hparams,

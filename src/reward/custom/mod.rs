@@ -194,11 +194,7 @@ fn backend(cfg: &CustomTermConfig) -> Result<Backend, CustomError> {
                 fail(format!(
                     "python {:?} not found (looked for {}); set python to an interpreter",
                     cfg.python,
-                    tried
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    crate::config::tried_list(&tried)
                 ))
             })?;
             let path = cfg

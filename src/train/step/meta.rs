@@ -23,9 +23,8 @@ use crate::train::maml::{
 use crate::train::meta_memory::{demonstrations, OwnedSeq};
 use crate::train::metrics::JsonlWriter;
 use crate::train::optim::{clip_grad_norm, zero_grad};
-use crate::train::scoring::{
-    execute, generate, generate_adapted, log_samples, record, score, ScoredBatch,
-};
+use crate::train::scored::ScoredBatch;
+use crate::train::scoring::{execute, generate, generate_adapted, log_samples, record, score};
 use crate::train::shard;
 use crate::train::state::mix;
 use crate::train::timer::Timer;
