@@ -61,6 +61,8 @@ pub mod checkpoint {
     pub const ROLLOUT_STATE: &str = "rollout_state.json";
     /// The short-term memory's ring buffer (meta-RL runs).
     pub const SHORT_TERM: &str = "short_term.safetensors";
+    /// The LM judge's cache by code hash (`judge = "lm"` in training).
+    pub const JUDGE_CACHE: &str = "judge_cache.json";
     /// The resolved config, so a checkpoint can be loaded on its own.
     pub const CONFIG: &str = super::CONFIG;
 }

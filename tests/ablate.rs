@@ -123,3 +123,63 @@ set = { "reward.style" = "off" }
         stderr(&o)
     );
 }
+
+/// The shipped custom-reward grid (configs/ablate-custom-reward.toml), its
+/// `[set]` and variants as they are, on the tiny model for one step: each
+/// variant reports the user's term where it is computed, with its weight.
+#[test]
+fn the_shipped_custom_reward_grid_runs_one_tiny_step() {
+    let dir = tmpdir();
+    let d = dir.path();
+    setup(d);
+    let mut cfg = config(d, 1, 62720);
+    cfg.tasks.tags = vec!["train".into()];
+    cfg.eval.tags = vec!["heldout".into()];
+    std::fs::write(d.join("base.toml"), toml::to_string(&cfg).unwrap()).unwrap();
+    let shipped = crate::common::root().join("configs/ablate-custom-reward.toml");
+    let mut grid: toml::Table = std::fs::read_to_string(&shipped).unwrap().parse().unwrap();
+    grid.insert("base".into(), "base.toml".into());
+    // Its path is relative to the shipped grid; here the grid lives in `d`.
+    let term = grid["set"]["reward.custom"].as_array().unwrap()[0].clone();
+    let mut term = term.as_table().unwrap().clone();
+    let path = shipped
+        .parent()
+        .unwrap()
+        .join(term["path"].as_str().unwrap());
+    assert!(path.is_file(), "{}", path.display());
+    term.insert("path".into(), path.display().to_string().into());
+    term.insert(
+        "python".into(),
+        crate::common::python().display().to_string().into(),
+    );
+    grid["set"].as_table_mut().unwrap().insert(
+        "reward.custom".into(),
+        toml::Value::Array(vec![toml::Value::Table(term)]),
+    );
+    let file = d.join("grid.toml");
+    std::fs::write(&file, toml::to_string(&grid).unwrap()).unwrap();
+    let o = ablate(&file);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = d.join(format!("runs/{}", grid["name"].as_str().unwrap()));
+    let step = |v: &str| -> serde_json::Value {
+        let text = std::fs::read_to_string(out.join(v).join("metrics.jsonl")).unwrap();
+        serde_json::from_str(text.lines().next().unwrap()).unwrap()
+    };
+    let variants: Vec<&str> = grid["variant"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(variants.len(), 4);
+    for v in &variants {
+        let reward = &step(v)["reward"];
+        let computed = reward.get("has_docstring").is_some();
+        assert_eq!(computed, *v != "falcon-only", "{v}: {reward}");
+        if computed {
+            assert_eq!(reward["has_docstring/no_signal"], 0.0, "{v}: {reward}");
+        }
+    }
+    let csv = std::fs::read_to_string(out.join("summary.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 5, "{csv}");
+}

@@ -157,5 +157,6 @@ pub fn task_of(id: &str, tests: &[&str]) -> falcon_rl::task::Task {
         tags: vec![],
         test_setup: None,
         prelude: None,
+        extra: Default::default(),
     }
 }

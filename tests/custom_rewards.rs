@@ -160,6 +160,146 @@ fn reward_files_as_trl_verl_and_openrlhf_write_them_run_unchanged() {
     );
 }
 
+/// A task file's extra fields reach a reward function as the dataset's
+/// columns would (TRL keyword arguments; verl's `data_source`,
+/// `reward_model.ground_truth` and `extra_info`; OpenRLHF's labels), and what
+/// a function asks to log comes back as `NAME/KEY` beside its value.
+#[test]
+fn task_extra_fields_are_columns_and_logged_numbers_come_back() {
+    let dir = tmpdir();
+    let file = dir.path().join("cols.py");
+    std::fs::write(
+        &file,
+        r#"
+def trl_answer(completions, answer, difficulty=None, log_metric=None, log_extra=None, **kwargs):
+    log_metric("batch", float(len(completions)))
+    log_extra("chars", [len(c) for c in completions])
+    log_extra("text", list(completions))
+    return [1.0 if str(a) in c else 0.0 for a, c in zip(answer, completions)]
+
+def verl_truth(data_source, solution_str, ground_truth, extra_info=None):
+    assert data_source == "my_set", data_source
+    assert extra_info["split"] == "train", extra_info
+    return {"score": 1.0 if ground_truth in solution_str else -1.0, "len": len(solution_str)}
+
+def openrlhf_labels(queries, prompts, labels):
+    return [float(l) for l in labels]
+"#,
+    )
+    .unwrap();
+    let tasks: Vec<Task> = [("a", 3, "add"), ("b", 4, "zzz")]
+        .iter()
+        .map(|(id, answer, truth)| {
+            let mut t = task_of(id, &["assert True"]);
+            t.extra = serde_json::json!({
+                "answer": answer,
+                "data_source": "my_set",
+                "reward_model": {"ground_truth": truth},
+                "extra_info": {"split": "train"},
+            })
+            .as_object()
+            .unwrap()
+            .clone()
+            .into_iter()
+            .collect();
+            t
+        })
+        .collect();
+    let comps: Vec<Completion> = ["def add(): return 3", "x = 5"]
+        .iter()
+        .map(|t| Completion::text_only(*t, FinishReason::Eos))
+        .collect();
+    let reports = [passing(), passing()];
+    let samples: Vec<CustomSample> = (0..2)
+        .map(|i| CustomSample {
+            task: &tasks[i],
+            prompt: "",
+            completion: &comps[i],
+            report: &reports[i],
+        })
+        .collect();
+    let mut trl = python_term("answer", &file, RewardSignature::Trl);
+    trl.function = "trl_answer".into();
+    let mut verl = python_term("truth", &file, RewardSignature::Verl);
+    verl.function = "verl_truth".into();
+    let mut orl = python_term("label", &file, RewardSignature::Openrlhf);
+    orl.function = "openrlhf_labels".into();
+    orl.label_key = "answer".into();
+    let terms = CustomTerms::new(&[trl, verl, orl]).unwrap();
+    let got = terms.score(0, &samples);
+    use CustomValue::Value;
+    assert_eq!(got[0]["answer"], Value(1.0), "{got:?}");
+    assert_eq!(got[1]["answer"], Value(0.0), "{got:?}");
+    assert_eq!(got[0]["answer/batch"], Value(2.0));
+    assert_eq!(got[1]["answer/chars"], Value(5.0));
+    // Text logged with log_extra is not a number to log here.
+    assert!(!got[0].contains_key("answer/text"), "{got:?}");
+    assert_eq!(got[0]["truth"], Value(1.0), "{got:?}");
+    assert_eq!(got[1]["truth"], Value(-1.0), "{got:?}");
+    assert_eq!(got[1]["truth/len"], Value(5.0));
+    assert_eq!(got[0]["label"], Value(3.0));
+    assert_eq!(got[1]["label"], Value(4.0));
+}
+
+/// `sandbox = true`: a reward that runs the completion itself does so
+/// without network and without write access to the files around it; the
+/// same function outside the sandbox can do both.
+#[test]
+fn a_sandboxed_term_has_no_network_and_cannot_write() {
+    if falcon_rl::exec::isolation::which("bwrap").is_none() {
+        eprintln!("SKIP: bubblewrap is not installed (scripts/setup installs it)");
+        return;
+    }
+    let dir = tmpdir();
+    let file = dir.path().join("escape.py");
+    std::fs::write(
+        &file,
+        r#"
+import os, socket
+def escape(completions, port=0, **kwargs):
+    out = []
+    for c in completions:
+        got = 0.0
+        try:
+            with open(os.path.join(os.path.dirname(__file__), "written"), "w") as f:
+                f.write(c)
+            got += 1.0
+        except OSError:
+            pass
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            got += 2.0  # reached the trainer's host
+        except OSError:
+            pass
+        out.append(got)
+    return out
+"#,
+    )
+    .unwrap();
+    let batch = Batch::new();
+    let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = host.local_addr().unwrap().port();
+    let mut free = python_term("free", &file, RewardSignature::Trl);
+    free.function = "escape".into();
+    free.kwargs.insert("port".into(), i64::from(port).into());
+    let mut boxed = free.clone();
+    boxed.name = "boxed".into();
+    boxed.sandbox = true;
+    check(&boxed).unwrap_or_else(|e| panic!("{e}"));
+    let terms = CustomTerms::new(&[boxed]).unwrap();
+    assert_eq!(
+        values(&terms, &batch, "boxed"),
+        vec![CustomValue::Value(0.0); 4]
+    );
+    assert!(!dir.path().join("written").exists());
+    let terms = CustomTerms::new(&[free]).unwrap();
+    assert_eq!(
+        values(&terms, &batch, "free"),
+        vec![CustomValue::Value(3.0); 4]
+    );
+    assert!(dir.path().join("written").exists());
+}
+
 #[test]
 fn what_a_function_does_wrong_is_no_signal_with_the_reason() {
     let dir = tmpdir();
@@ -378,6 +518,13 @@ s.serve_forever()
     };
     let want: Vec<CustomValue> = batch.comps.iter().map(|c| expect(&c.text)).collect();
     assert_eq!(judge, want);
+    // serve_rm's extra_logs come back beside the value.
+    let logged: Vec<CustomValue> = terms
+        .score(3, &batch.samples())
+        .into_iter()
+        .map(|mut s| s.remove("judge/dummy_scores").expect("extra_logs"))
+        .collect();
+    assert_eq!(logged, want);
     assert_eq!(values(&terms, &batch, "judge_batched"), want);
     assert_eq!(values(&terms, &batch, "failover"), want);
     let why = |name: &str| match &values(&terms, &batch, name)[0] {

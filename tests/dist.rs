@@ -414,6 +414,32 @@ fn two_ranks_train_as_one_fomaml() {
     );
 }
 
+/// Each rank scores its share with the user's own term, then gathers: the
+/// same weights and metrics as one rank scoring everything.
+#[test]
+fn two_ranks_train_as_one_with_a_custom_reward_term() {
+    let files = crate::common::tmpdir();
+    let file = files.path().join("rewards.py");
+    std::fs::write(
+        &file,
+        "def short(completions, **kwargs):\n    return [1.0 / (1 + len(c)) for c in completions]\n",
+    )
+    .unwrap();
+    let python = crate::common::python().display().to_string();
+    equivalent(
+        |c| {
+            c.reward.custom = vec![falcon_rl::config::CustomTermConfig {
+                name: "short".into(),
+                path: Some(file.clone()),
+                python: python.clone(),
+                weight: 2.0,
+                ..Default::default()
+            }];
+        },
+        2,
+    );
+}
+
 #[test]
 fn a_killed_rank_stops_the_others_and_resume_finishes_the_run() {
     let tmp = crate::common::tmpdir();

@@ -30,6 +30,7 @@ fn task(id: &str, prompt: &str, entry: &str, tests: &[&str]) -> Task {
         tags: vec![],
         test_setup: None,
         prelude: None,
+        extra: Default::default(),
     }
 }
 

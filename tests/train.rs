@@ -1077,7 +1077,7 @@ fn custom_reward_terms_train_log_and_resume_exactly() {
     let file = dir.path().join("rewards.py");
     std::fs::write(
         &file,
-        "def short(completions, **kwargs):\n    return [1.0 / (1 + len(c)) for c in completions]\n",
+        "def short(completions, log_extra=None, **kwargs):\n    log_extra(\"chars\", [len(c) for c in completions])\n    return [1.0 / (1 + len(c)) for c in completions]\n",
     )
     .unwrap();
     std::fs::write(
@@ -1124,6 +1124,8 @@ fn custom_reward_terms_train_log_and_resume_exactly() {
         );
         assert!(r.reward["chars"] >= 1.0, "{:?}", r.reward);
         assert_eq!(r.reward["short/no_signal"], 0.0);
+        // What the function logged, averaged over the step's samples.
+        assert!(r.reward["short/chars"] >= 0.0, "{:?}", r.reward);
         assert_eq!(r.reward["chars/no_signal"], 0.0);
     }
     // Each sample's values, by name, with the weights that made its total.
@@ -1141,6 +1143,54 @@ fn custom_reward_terms_train_log_and_resume_exactly() {
         let want = 1.0 / (1.0 + text.chars().count() as f64);
         assert!((short - want).abs() < 1e-12, "{short} vs {want}: {text:?}");
         assert!(r["chars"].as_f64().is_some());
+        let logged = v["reward_logs"]["short/chars"].as_f64().unwrap();
+        assert_eq!(logged, text.chars().count() as f64);
     }
     assert!(n > 0, "some sample was scored");
+}
+
+/// `judge = "lm"` in training: a judge model of its own (here a second
+/// copy of the tiny model), a budget of answers per step, a cache by code
+/// hash that checkpoints keep, so a resumed run equals an uninterrupted one.
+#[test]
+fn the_lm_judge_trains_within_its_budget_and_resumes_exactly() {
+    use falcon_rl::config::{JudgeKind, OnMissingTerm};
+    let dir = tmpdir();
+    setup(dir.path());
+    let judge_model = dir.path().join("model").display().to_string();
+    let budget = 3;
+    let tweak = |cfg: &mut RunConfig| {
+        cfg.exec.uid_base = 62740;
+        cfg.train.checkpoint_every = 1;
+        cfg.reward.judge = JudgeKind::Lm;
+        cfg.reward.on_missing = OnMissingTerm::SkipTerm;
+        cfg.reward.lm_judge.model = judge_model.clone();
+        cfg.reward.lm_judge.max_new_tokens = 6;
+        cfg.reward.lm_judge.max_requests_per_step = budget;
+    };
+    let full = run_with(dir.path(), 3, false, "full", Job::Train, tweak).0;
+    let first = run_with(dir.path(), 1, false, "split", Job::Train, tweak).0;
+    let rest = run_with(dir.path(), 3, true, "split", Job::Train, tweak).0;
+    let split: Vec<StepRecord> = first.into_iter().chain(rest).collect();
+    assert_eq!(split.len(), 3);
+    for (a, b) in full.iter().zip(&split) {
+        assert_eq!(a.loss, b.loss, "step {}", a.step);
+        assert_eq!(a.reward, b.reward, "step {}", a.step);
+    }
+    // The cache holds what the judge answered: never more than the budget
+    // allowed over the steps so far, and something.
+    // keep_last = 2: steps 2 and 3 remain.
+    for step in 2..=3u64 {
+        let path = dir
+            .path()
+            .join(format!("runs/full/step-{step}"))
+            .join(falcon_rl::run_dir::checkpoint::JUDGE_CACHE);
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let n = v["cache"].as_object().unwrap().len();
+        assert!(
+            n > 0 && n <= budget * step as usize,
+            "step {step}: {n} cached answers for a budget of {budget} a step"
+        );
+    }
 }

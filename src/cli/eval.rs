@@ -2,6 +2,7 @@
 //! and, with `[eval] checkpoint_tasks`, its finished groups); `eval compare`
 //! and `eval rescore`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -321,7 +322,8 @@ fn rescore_result(result: &Path, config: &Path, out: &Path) -> Result<()> {
         estimated.set(estimated.get() + cut as usize);
         cut
     };
-    let r = rescore(&old, &list, &sandbox, &cut_off).map_err(usage)?;
+    let custom = falcon_rl::reward::CustomTerms::new(&cfg.reward.custom).map_err(usage)?;
+    let r = rescore(&old, &list, &sandbox, &cut_off, Some(&custom)).map_err(usage)?;
     if unrecorded > 0 {
         eprintln!(
             "falcon: {} of the {unrecorded} count as cut off: only their complete statements ran",
@@ -344,6 +346,22 @@ fn rescore_result(result: &Path, config: &Path, out: &Path) -> Result<()> {
                 None => println!("{name}@{k}\t-\t{a:.4}"),
             }
         }
+    }
+    // The user's own terms: their mean over the answers that got a value.
+    let mut means: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
+    for (k, v) in r
+        .result
+        .tasks
+        .iter()
+        .flat_map(|t| &t.samples)
+        .flat_map(|s| &s.rewards)
+    {
+        let e = means.entry(k).or_insert((0.0, 0));
+        (e.0, e.1) = (e.0 + v, e.1 + 1);
+    }
+    for (k, (sum, n)) in means {
+        println!("reward/{k}\t-\t{:.4}", sum / n as f64);
+        eprintln!("falcon: reward/{k}: {n} of {samples} answers got a value");
     }
     eprint_details(&r.result);
     write_result(&r.result, out)

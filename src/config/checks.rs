@@ -82,13 +82,19 @@ pub(super) fn job_rules(c: &RunConfig, job: Job, problems: &mut Problems) {
     }
     match job {
         Job::Train => {
-            // The LM judge would borrow the policy this loop updates.
-            if c.reward.judge == super::JudgeKind::Lm {
-                problems.push(
-                    "reward.judge",
-                    "lm",
-                    "`falcon train` does not support the LM judge yet; use \"static\"",
-                );
+            // The policy changes every step: the judge must be a model of its own.
+            let judged = c.reward.style.computed() || c.reward.complexity.computed();
+            if c.reward.judge == super::JudgeKind::Lm && judged {
+                if c.reward.lm_judge.model.trim().is_empty() {
+                    problems.push(
+                        "reward.lm_judge.model",
+                        "",
+                        "`falcon train` with judge = \"lm\" needs a judge model of its own (the policy changes every step): \
+                         a local HF directory, a .gguf file, a cached repo id or \"embedded\"",
+                    );
+                } else if let Err(why) = super::locate_model(&c.reward.lm_judge.model) {
+                    problems.push_rule("reward.lm_judge.model", &why);
+                }
             }
             if c.rollout.engine == super::EngineKind::Vllm {
                 // Meta-RL's fast weights θ_i are served as adapters.

@@ -260,6 +260,11 @@ pub struct CustomTermConfig {
     /// Seconds one call may take (a Python call, a command's batch, an HTTP
     /// request) before its samples get no signal.
     pub timeout_s: f64,
+    /// python and command: run the process under bubblewrap, as a
+    /// candidate runs: no network, its own process namespace, a read-only
+    /// filesystem and a private `/tmp`. For a reward that executes the
+    /// completion itself; the file and the worker stay readable.
+    pub sandbox: bool,
 }
 
 impl Default for CustomTermConfig {
@@ -285,6 +290,7 @@ impl Default for CustomTermConfig {
             batch_size: 0,
             label_key: "tests".to_owned(),
             timeout_s: 60.0,
+            sandbox: false,
         }
     }
 }
@@ -546,8 +552,9 @@ impl Section for StaticJudgeConfig {
     }
 }
 
-/// `[reward.lm_judge]`: the LM judge (FALCON Tables 8 and 9). The caller
-/// supplies the `Generator` (the policy itself or a separate judge model).
+/// `[reward.lm_judge]`: the LM judge (FALCON Tables 8 and 9). `falcon exec`
+/// takes its model from `--judge-model`; `falcon train` from `model`, a
+/// model of its own (the policy changes every step).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LmJudgeConfig {
@@ -555,6 +562,14 @@ pub struct LmJudgeConfig {
     pub max_new_tokens: usize,
     /// Wrap each prompt in the judge model's chat template.
     pub chat: bool,
+    /// The judge model in training: a local HF directory, a `.gguf`, a
+    /// cached repo id or `embedded[:NAME]`.
+    pub model: String,
+    /// In training, at most this many answers the judge writes per step
+    /// (style and complexity together; 0 = no limit). Code it has judged
+    /// before is answered from a cache by code hash, free; code beyond the
+    /// budget gets no style or complexity signal that step.
+    pub max_requests_per_step: usize,
 }
 
 impl Default for LmJudgeConfig {
@@ -562,6 +577,8 @@ impl Default for LmJudgeConfig {
         Self {
             max_new_tokens: 64,
             chat: true,
+            model: String::new(),
+            max_requests_per_step: 64,
         }
     }
 }

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{EvalConfig, GenerationConfig};
 use crate::exec::{ExecReport, RewardClass, Sandbox};
 use crate::model::{Completion, FinishReason, Generator, ModelError};
-use crate::reward::execute;
+use crate::reward::{execute, CustomSample, CustomTerms, CustomValue};
 use crate::rollout::strategy::Prompted;
 use crate::rollout::{generation_params, reflection_params, Env, RolloutError, Strategy};
 use crate::task::Task;
@@ -101,6 +101,10 @@ pub struct SampleResult {
     /// of each (MEMCoder, a task's first sample); empty otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reflections: Vec<crate::rollout::ReflectionRecord>,
+    /// The value of each `[[reward.custom]]` term that gave one, by name
+    /// (written by [`rescore`] when the config has such terms).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rewards: BTreeMap<String, f64>,
 }
 
 /// Error transition matrix across repair iterations (MemoCoder §3.3):
@@ -426,6 +430,7 @@ pub fn evaluate_strategy(
                 executed,
                 attempts: s.attempts,
                 reflections: s.reflections,
+                rewards: BTreeMap::new(),
             });
         }
         results.push(tr);
@@ -521,7 +526,8 @@ pub struct Rescored {
 /// the tests, a result is brought up to date without generating anything.
 /// Exact for single-shot strategies; for repairing ones only the final
 /// answers are rescored, since the repair loop saw the scoring of its day.
-/// pass@k and exec@k are recomputed for the k the result had.
+/// pass@k and exec@k are recomputed for the k the result had; `custom`
+/// terms, when given, score every answer too (its `rewards`).
 ///
 /// `cut_off` says which saved answers the token limit ended (their last
 /// statement is trimmed before they run, as at generation time): the
@@ -531,6 +537,7 @@ pub fn rescore(
     tasks: &[&Task],
     sandbox: &Sandbox,
     cut_off: &dyn Fn(&SampleResult) -> bool,
+    custom: Option<&CustomTerms>,
 ) -> Result<Rescored, EvalError> {
     let by_id: std::collections::HashMap<&str, &Task> =
         tasks.iter().map(|t| (t.id.as_str(), *t)).collect();
@@ -590,7 +597,25 @@ pub fn rescore(
         })
         .collect();
     let jobs: Vec<(&Task, &Completion)> = answers.iter().map(|(t, c)| (*t, c)).collect();
-    let mut reports = execute(sandbox, &jobs).into_iter();
+    let reports = execute(sandbox, &jobs);
+    let mut custom_scores = match custom.filter(|c| !c.is_empty()) {
+        Some(terms) => {
+            let samples: Vec<CustomSample> = jobs
+                .iter()
+                .zip(&reports)
+                .map(|(&(task, completion), report)| CustomSample {
+                    task,
+                    prompt: &task.prompt,
+                    completion,
+                    report,
+                })
+                .collect();
+            terms.score(0, &samples)
+        }
+        None => Vec::new(),
+    }
+    .into_iter();
+    let mut reports = reports.into_iter();
     let mut changed = BTreeMap::new();
     let mut result = old.clone();
     for t in &mut result.tasks {
@@ -604,6 +629,15 @@ pub fn rescore(
                     .or_insert(0) += 1;
             }
             (s.outcome, s.passed, s.executed) = (outcome, passed, executed);
+            if let Some(scores) = custom_scores.next() {
+                s.rewards = scores
+                    .into_iter()
+                    .filter_map(|(k, v)| match v {
+                        CustomValue::Value(x) => Some((k, x)),
+                        _ => None,
+                    })
+                    .collect();
+            }
             t.passed += passed as usize;
             t.executed += executed as usize;
         }
@@ -813,6 +847,7 @@ mod tests {
                 executed: true,
                 attempts: Vec::new(),
                 reflections: Vec::new(),
+                rewards: BTreeMap::new(),
             }],
         }
     }

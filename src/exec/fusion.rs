@@ -398,6 +398,7 @@ mod tests {
             tags: vec![],
             test_setup: Some("import math".into()),
             prelude: Some("from typing import List\n".into()),
+            extra: Default::default(),
         }
     }
 

@@ -735,6 +735,7 @@ mod tests {
             tags: vec![],
             test_setup: Some(setup.into()),
             prelude: Some(prelude.into()),
+            extra: Default::default(),
         };
         use crate::task::TaskKind;
         let t = task(

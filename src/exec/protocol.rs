@@ -334,6 +334,7 @@ mod tests {
             tags: vec![],
             test_setup: Some("  \n".into()),
             prelude: Some("from typing import List".into()),
+            extra: Default::default(),
         };
         let cfg = ExecConfig {
             timeout_s: 2.0,

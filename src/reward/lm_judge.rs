@@ -13,6 +13,7 @@
 //! different scores, a range, a fraction, a number off the scale, a negated
 //! label). An unparseable answer gives no signal and is counted, never guessed.
 
+use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{Aspect, Judge, JudgeStats, RewardError};
@@ -253,18 +254,22 @@ fn floor_boundary(s: &str, mut i: usize) -> usize {
     i
 }
 
-/// An LM judge over a borrowed [`Generator`], greedy by default.
-pub struct LmJudge<'g, G: Generator + ?Sized> {
-    generator: &'g G,
+/// An LM judge over a [`Generator`] it borrows (`&G`) or owns (`Box<G>`),
+/// greedy by default.
+pub struct LmJudge<R> {
+    generator: R,
     params: GenerationParams,
     scored: AtomicUsize,
     unparseable: AtomicUsize,
 }
 
-impl<'g, G: Generator + ?Sized> LmJudge<'g, G> {
+impl<R: Deref> LmJudge<R>
+where
+    R::Target: Generator,
+{
     /// A judge that asks `generator` with greedy decoding, `cfg.max_new_tokens`
     /// tokens, and the chat template when `cfg.chat`.
-    pub fn new(generator: &'g G, cfg: &LmJudgeConfig) -> Self {
+    pub fn new(generator: R, cfg: &LmJudgeConfig) -> Self {
         let params = GenerationParams {
             max_new_tokens: cfg.max_new_tokens,
             chat: cfg.chat,
@@ -316,7 +321,10 @@ impl<'g, G: Generator + ?Sized> LmJudge<'g, G> {
     }
 }
 
-impl<G: Generator + ?Sized> Judge for LmJudge<'_, G> {
+impl<R: Deref> Judge for LmJudge<R>
+where
+    R::Target: Generator,
+{
     fn score(&self, aspect: Aspect, codes: &[&str]) -> Result<Vec<Option<f64>>, RewardError> {
         Ok(self
             .score_with_answers(aspect, codes)?
@@ -331,6 +339,7 @@ impl<G: Generator + ?Sized> Judge for LmJudge<'_, G> {
             unparseable: self.unparseable.load(Ordering::Relaxed),
             timeouts: 0,
             failures: 0,
+            over_budget: 0,
         }
     }
 }
@@ -459,7 +468,8 @@ mod tests {
                 scored: 2,
                 unparseable: 2,
                 timeouts: 0,
-                failures: 0
+                failures: 0,
+                over_budget: 0,
             }
         );
         let seen = g.seen();

@@ -20,6 +20,7 @@
 
 pub mod composite;
 pub mod custom;
+pub mod judge_budget;
 pub mod lm_judge;
 pub mod pipeline;
 mod process;
@@ -31,6 +32,7 @@ use serde::{Deserialize, Serialize};
 
 pub use composite::{composite, RewardBreakdown, SampleSignals, TERM_NAMES};
 pub use custom::{CustomSample, CustomScores, CustomTerms, CustomValue};
+pub use judge_budget::Budgeted;
 pub use lm_judge::{parse_score, prompt, LmJudge};
 pub use pipeline::{execute, Rewards};
 pub use spans::{
@@ -112,12 +114,15 @@ pub struct JudgeStats {
     pub timeouts: usize,
     /// Tool runs that failed otherwise.
     pub failures: usize,
+    /// Code left unjudged by the LM judge's per-step budget in training.
+    #[serde(default)]
+    pub over_budget: usize,
 }
 
 impl JudgeStats {
     /// Samples that got no score.
     pub fn no_signal(&self) -> usize {
-        self.unparseable + self.timeouts + self.failures
+        self.unparseable + self.timeouts + self.failures + self.over_budget
     }
 }
 
@@ -129,6 +134,19 @@ pub trait Judge {
 
     /// Counters since the judge was built.
     fn stats(&self) -> JudgeStats;
+
+    /// A training step begins (a budgeted judge's budget is renewed).
+    fn new_step(&self) {}
+
+    /// What a resumed run needs to judge as this one would (a cache), if anything.
+    fn state(&self) -> Option<serde_json::Value> {
+        None
+    }
+
+    /// Takes back [`Judge::state`]; why not, when it cannot.
+    fn restore(&self, _state: &serde_json::Value) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// The judge `[reward] judge` asks for: the static judge, or an LM judge

@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 
 use super::{
     answer_code, composite, error_line_spans, judge_from_config, offsets_by_incremental_decode,
-    r_coarse, Aspect, CustomSample, CustomScores, CustomTerms, Judge, RewardBreakdown, RewardError,
-    SampleSignals, TokenSpan,
+    r_coarse, Aspect, Budgeted, CustomSample, CustomScores, CustomTerms, Judge, LmJudge,
+    RewardBreakdown, RewardError, SampleSignals, TokenSpan,
 };
 use crate::config::RewardConfig;
 use crate::exec::{ErrorKind, ExecReport, RewardClass, Sandbox};
@@ -49,6 +49,49 @@ impl<'j> Rewards<'j> {
             judge: judge_from_config(cfg, judge_model)?,
             custom: CustomTerms::new(&cfg.custom)?,
         })
+    }
+
+    /// The rewards of a training run: with `judge = "lm"` (and style or
+    /// complexity computed), the judge is `[reward.lm_judge] model`, opened
+    /// here on `device`, behind a cache and the per-step budget
+    /// ([`Budgeted`]).
+    pub fn for_training(cfg: &RewardConfig, device: &str) -> Result<Rewards<'static>, RewardError> {
+        let judged = cfg.style.computed() || cfg.complexity.computed();
+        if cfg.judge != crate::config::JudgeKind::Lm || !judged {
+            return Rewards::new::<crate::model::Policy>(cfg, None);
+        }
+        if cfg.lm_judge.model.trim().is_empty() {
+            return Err(RewardError::NoJudgeModel);
+        }
+        let spec = crate::model::ModelSpec {
+            model: &cfg.lm_judge.model,
+            dtype: crate::model::Dtype::Fp32,
+            device,
+            adapter: None,
+        };
+        let opened = crate::model::open(&spec)?;
+        let model: Box<dyn Generator> = Box::new(opened.policy);
+        let judge = Box::new(LmJudge::new(model, &cfg.lm_judge));
+        Ok(Rewards {
+            cfg: cfg.clone(),
+            judge: Box::new(Budgeted::new(judge, cfg.lm_judge.max_requests_per_step)),
+            custom: CustomTerms::new(&cfg.custom)?,
+        })
+    }
+
+    /// A training step begins: the judge's per-step budget is renewed.
+    pub fn new_step(&self) {
+        self.judge.new_step();
+    }
+
+    /// What a checkpoint keeps of the judge (its cache), if anything.
+    pub fn judge_state(&self) -> Option<serde_json::Value> {
+        self.judge.state()
+    }
+
+    /// Takes back [`Rewards::judge_state`].
+    pub fn restore_judge(&self, state: &serde_json::Value) -> Result<(), String> {
+        self.judge.restore(state)
     }
 
     /// Whether `[[reward.custom]]` has a term to compute.

@@ -430,6 +430,7 @@ impl Judge for StaticJudge {
             unparseable: 0,
             timeouts: self.timeouts.load(Ordering::Relaxed),
             failures: self.failures.load(Ordering::Relaxed),
+            over_budget: 0,
         }
     }
 }

@@ -220,6 +220,7 @@ mod tests {
             tags: vec![],
             test_setup: None,
             prelude: None,
+            extra: Default::default(),
         };
         let p = task_prompt("Solve:", &t);
         assert_eq!(

@@ -184,15 +184,63 @@ fn detect(raws: &[(Loc, Raw<'_>)], path: &Path) -> Result<TaskFormat, TaskError>
 }
 
 fn decode_record(format: TaskFormat, raw: &Raw<'_>) -> Result<Task, String> {
-    match format {
-        TaskFormat::Jsonl => raw.decode::<Task>(),
-        TaskFormat::Humaneval => raw
-            .decode::<HumanEvalRecord>()
-            .map(HumanEvalRecord::into_task),
-        TaskFormat::Mbpp => raw.decode::<MbppRecord>()?.into_task(),
-        TaskFormat::Pricoder => raw.decode::<PricoderRecord>()?.into_task(),
+    let (mut task, mapped) = match format {
+        TaskFormat::Jsonl => return raw.decode::<Task>().map_err(extra_hint),
+        TaskFormat::Humaneval => (
+            raw.decode::<HumanEvalRecord>()
+                .map(HumanEvalRecord::into_task)?,
+            HUMANEVAL_KEYS,
+        ),
+        TaskFormat::Mbpp => (raw.decode::<MbppRecord>()?.into_task()?, MBPP_KEYS),
+        TaskFormat::Pricoder => (raw.decode::<PricoderRecord>()?.into_task()?, PRICODER_KEYS),
         // `parse` resolves Auto before decoding.
         TaskFormat::Auto => unreachable!("format resolved before decoding"),
+    };
+    // What a public format has beyond the mapped keys (MBPP's
+    // `challenge_test_list`, HumanEval+'s `plus_input`, a user's own
+    // columns) reaches reward terms as columns, as in a dataset.
+    if let Some(map) = raw.as_object() {
+        task.extra = map
+            .into_iter()
+            .filter(|(k, _)| !mapped.contains(&k.as_str()))
+            .map(|(k, v)| {
+                let k = if super::RESERVED_EXTRA_KEYS.contains(&k.as_str()) {
+                    format!("source_{k}")
+                } else {
+                    k
+                };
+                (k, v)
+            })
+            .collect();
+    }
+    Ok(task)
+}
+
+const HUMANEVAL_KEYS: &[&str] = &[
+    "task_id",
+    "prompt",
+    "canonical_solution",
+    "test",
+    "entry_point",
+];
+const MBPP_KEYS: &[&str] = &[
+    "task_id",
+    "text",
+    "prompt",
+    "code",
+    "test_list",
+    "test_setup_code",
+    "test_imports",
+];
+const PRICODER_KEYS: &[&str] = &["id", "prompt", "canonical_solution", "test", "api_list"];
+
+/// Our own format refuses unknown fields (a typo must not vanish); say
+/// where a user's extra columns go.
+fn extra_hint(reason: String) -> String {
+    if reason.starts_with("unknown field") {
+        format!("{reason}; put a task's own extra columns under \"extra\": {{...}}")
+    } else {
+        reason
     }
 }
 
@@ -245,6 +293,7 @@ impl HumanEvalRecord {
             tags: vec!["humaneval".to_owned()],
             test_setup: None,
             prelude: leading_imports(&lf(&self.prompt)),
+            extra: Default::default(),
         }
     }
 }
@@ -331,6 +380,7 @@ impl MbppRecord {
             test_setup: (!setup.is_empty()).then(|| setup.join("\n")),
             // MBPP's prompt is prose; its tests' imports are `test_setup`.
             prelude: None,
+            extra: Default::default(),
         })
     }
 }
@@ -498,6 +548,7 @@ impl PricoderRecord {
             tags,
             prelude: test_setup.clone(),
             test_setup,
+            extra: Default::default(),
         })
     }
 }

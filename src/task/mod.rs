@@ -10,7 +10,7 @@
 
 mod formats;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -135,7 +135,36 @@ pub struct Task {
     /// prompt's `def f(xs: List[int])` is not a NameError for `List`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prelude: Option<String>,
+    /// The record's other fields (an `extra` object in our own format; the
+    /// keys a public format has beyond those mapped above), kept for the
+    /// user's reward terms, which get them as dataset columns.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: BTreeMap<String, serde_json::Value>,
 }
+
+/// Names an `extra` key may not take: the task's own fields and what a
+/// TRL reward function is already passed under that name.
+pub const RESERVED_EXTRA_KEYS: &[&str] = &[
+    "id",
+    "prompt",
+    "entry_point",
+    "tests",
+    "kind",
+    "canonical_solution",
+    "docs",
+    "tags",
+    "test_setup",
+    "prelude",
+    "extra",
+    "prompts",
+    "completion",
+    "completions",
+    "completion_ids",
+    "exec_report",
+    "trainer_state",
+    "log_extra",
+    "log_metric",
+];
 
 impl Task {
     /// Checks the invariants every loader guarantees; returns the first broken one.
@@ -154,6 +183,15 @@ impl Task {
         }
         if let Some(i) = self.tests.iter().position(|t| t.trim().is_empty()) {
             return Err(format!("`tests[{i}]` is empty"));
+        }
+        if let Some(k) = self
+            .extra
+            .keys()
+            .find(|k| RESERVED_EXTRA_KEYS.contains(&k.as_str()))
+        {
+            return Err(format!(
+                "`extra.{k}` would hide the task's own `{k}` from reward functions; rename it"
+            ));
         }
         Ok(())
     }

@@ -253,6 +253,7 @@ fn sample_task(id: &str) -> Task {
         tags: Vec::new(),
         test_setup: None,
         prelude: None,
+        extra: Default::default(),
     }
 }
 
@@ -302,6 +303,50 @@ fn own_jsonl_kind_defaults_to_python_and_unknown_keys_fail() {
     );
     assert_eq!(line, 1);
     assert!(reason.contains("unknown field `test`"), "{reason}");
+    assert!(reason.contains("\"extra\""), "{reason}");
+}
+
+#[test]
+fn extra_fields_are_kept_for_reward_terms() {
+    let set = load_str(
+        r#"{"id":"a","prompt":"p","entry_point":"f","tests":["assert f()"],"extra":{"answer":3,"meta":{"k":[1]}}}"#,
+        TaskFormat::Auto,
+        false,
+    )
+    .unwrap();
+    assert_eq!(set.tasks[0].extra["answer"], serde_json::json!(3));
+    // They survive our own JSONL.
+    assert_eq!(
+        load_str(&set.to_jsonl(), TaskFormat::Jsonl, false).unwrap(),
+        set
+    );
+    let (_, _, reason) = invalid(
+        load_str(
+            r#"{"id":"a","prompt":"p","entry_point":"f","tests":["assert f()"],"extra":{"tests":1}}"#,
+            TaskFormat::Jsonl,
+            false,
+        )
+        .unwrap_err(),
+    );
+    assert!(reason.contains("`extra.tests`"), "{reason}");
+    // A public format's unmapped keys become extra fields; a key that
+    // would hide a task field is renamed.
+    let mbpp = load_str(
+        r#"{"task_id":11,"text":"Remove x.","code":"def f():\n    return 1","test_list":["assert f() == 1"],"challenge_test_list":["assert f() == 1"],"tags":["hard"]}"#,
+        TaskFormat::Mbpp,
+        false,
+    )
+    .unwrap();
+    let extra = &mbpp.tasks[0].extra;
+    assert_eq!(
+        extra["challenge_test_list"],
+        serde_json::json!(["assert f() == 1"])
+    );
+    assert_eq!(extra["source_tags"], serde_json::json!(["hard"]));
+    assert!(
+        !extra.contains_key("text") && !extra.contains_key("code"),
+        "{extra:?}"
+    );
 }
 
 /// Line 1 good, then one record for each kind of defect, with blank lines in between.

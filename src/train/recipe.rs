@@ -70,6 +70,7 @@ pub fn run(s: &mut TrainState, observer: &mut dyn Observer) -> Result<Vec<StepRe
     };
     let mut out = Vec::new();
     while s.step < steps && !spent(s.train_seconds) {
+        s.rewards.new_step();
         let rec = match s.recipe {
             Recipe::Rl => step::rl::step(s, &mut samples_log)?,
             Recipe::Meta(_) => step::meta::step(s, &mut samples_log)?,

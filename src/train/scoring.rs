@@ -316,7 +316,17 @@ pub fn log_samples(
     let mut lines = Vec::new();
     for (ro, tasks) in parts {
         for (i, c) in ro.comps.iter().enumerate() {
-            lines.push(serde_json::json!({
+            let logged: BTreeMap<&str, f64> = ro
+                .custom
+                .get(i)
+                .into_iter()
+                .flatten()
+                .filter_map(|(k, v)| match v {
+                    CustomValue::Value(x) if k.contains('/') => Some((k.as_str(), *x)),
+                    _ => None,
+                })
+                .collect();
+            let mut line = serde_json::json!({
                 "step": step,
                 "task_id": tasks[i / ro.group].id,
                 "completion": c.text,
@@ -324,7 +334,11 @@ pub fn log_samples(
                 "rewards": ro.breakdowns[i].as_ref().map(|b| b.to_log("")),
                 "advantage": ro.adv[i],
                 "attempts": ro.attempts.get(i),
-            }));
+            });
+            if !logged.is_empty() {
+                line["reward_logs"] = serde_json::json!(logged);
+            }
+            lines.push(line);
         }
     }
     samples_log.write_all(&lines)?;
@@ -356,13 +370,26 @@ pub fn record(
         let n = if k == "total" { scored } else { counts[k] };
         *v /= n.max(1) as f64;
     }
-    // Custom terms also say how many samples they gave no value.
+    // Custom terms also say how many samples they gave no value, and log
+    // the mean of each number they asked to log (`NAME/KEY`).
+    let mut extras: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
     for scores in batches.iter().flat_map(|r| r.custom.iter()) {
         for (name, v) in scores {
+            if name.contains('/') {
+                if let CustomValue::Value(x) = v {
+                    let e = extras.entry(name).or_insert((0.0, 0));
+                    e.0 += x;
+                    e.1 += 1;
+                }
+                continue;
+            }
             let no_signal = matches!(v, CustomValue::NoSignal(_));
             *reward.entry(format!("{name}/no_signal")).or_insert(0.0) +=
                 f64::from(u8::from(no_signal));
         }
+    }
+    for (name, (sum, n)) in extras {
+        reward.insert(name.to_owned(), sum / n.max(1) as f64);
     }
     let reports: Vec<&ExecReport> = batches.iter().flat_map(|r| r.reports.iter()).collect();
     let mut error_kinds = BTreeMap::new();

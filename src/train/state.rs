@@ -410,7 +410,7 @@ impl<'a> TrainState<'a> {
         check_run(&cfg, recipe, policy, tasks, sandbox, dist)?;
         let (optimizer, schedule) = optimizer_of(&cfg.train)?;
         let error_stats = ErrorStats::new(cfg.memory.p_error)?;
-        let rewards = Rewards::new::<Policy>(&cfg.reward, None)?;
+        let rewards = Rewards::for_training(&cfg.reward, &cfg.model.device)?;
         let run_dir = RunDir::of(&cfg);
         // Rank 0 alone sets up the run directory; the others learn whether
         // it could.
@@ -698,6 +698,15 @@ impl<'a> TrainState<'a> {
                 dir.display()
             )));
         }
+        let jpath = dir.join(files::JUDGE_CACHE);
+        if jpath.is_file() {
+            let text = std::fs::read_to_string(&jpath).map_err(|e| TrainError::io(&jpath, e))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| TrainError::bad_json(&jpath, e))?;
+            self.rewards
+                .restore_judge(&v)
+                .map_err(|why| TrainError::Invalid(format!("{}: {why}", jpath.display())))?;
+        }
         self.step = st.step;
         self.train_seconds = st.train_seconds;
         self.error_stats = st.error_stats;
@@ -743,6 +752,10 @@ impl<'a> TrainState<'a> {
                     let text = serde_json::to_string(&state)
                         .map_err(|e| TrainError::bad_json(&path, e))?;
                     crate::fsutil::write_atomic(&path, text.as_bytes())?;
+                }
+                if let Some(judge) = self.rewards.judge_state() {
+                    let text = serde_json::to_string(&judge).expect("the cache serialises");
+                    crate::fsutil::write_atomic(&d.join(files::JUDGE_CACHE), text.as_bytes())?;
                 }
                 if let Some(m) = &self.memory {
                     m.short_term

@@ -1,13 +1,14 @@
 //! An http term: OpenRLHF's remote reward model protocol. A batch is
 //! POSTed as `{"query": [prompt + completion, ...], "prompts": [...],
 //! "labels": [...]}` and the server answers `{"rewards": [...]}` (newer
-//! servers add `scores` and `extra_logs`, which are not needed here). The
+//! servers add `scores` and `extra_logs`, whose per-sample numbers are
+//! logged beside the term). The
 //! servers, failover, backoff and bearer token are the remote sandbox's
 //! ([`crate::exec::servers`]).
 
 use std::time::Duration;
 
-use super::{values_of, CustomSample, CustomValue};
+use super::{extras_of, values_of, Answer, CustomSample, CustomValue};
 use crate::config::CustomTermConfig;
 use crate::exec::servers::Servers;
 
@@ -30,14 +31,14 @@ impl HttpTerm {
 
     /// Values for `samples`, requests in parallel up to the servers'
     /// capacity; a request no server answered is no signal for its samples.
-    pub fn score(&self, samples: &[CustomSample<'_>]) -> Vec<CustomValue> {
+    pub fn score(&self, samples: &[CustomSample<'_>]) -> Answer {
         let per = if self.batch_size == 0 {
             samples.len()
         } else {
             self.batch_size
         };
         let chunks: Vec<&[CustomSample]> = samples.chunks(per.max(1)).collect();
-        let mut out: Vec<Vec<CustomValue>> = Vec::with_capacity(chunks.len());
+        let mut out = Answer::default();
         for wave in chunks.chunks(self.servers.capacity().max(1)) {
             std::thread::scope(|s| {
                 let handles: Vec<_> = wave
@@ -45,28 +46,20 @@ impl HttpTerm {
                     .map(|chunk| s.spawn(move || self.request(chunk)))
                     .collect();
                 for (chunk, h) in wave.iter().zip(handles) {
-                    out.push(h.join().unwrap_or_else(|_| {
-                        vec![
-                            CustomValue::NoSignal("the request's thread panicked".into());
-                            chunk.len()
-                        ]
+                    out.append(h.join().unwrap_or_else(|_| {
+                        Answer::no_signal("the request's thread panicked".into(), chunk.len())
                     }));
                 }
             });
         }
-        out.into_iter().flatten().collect()
+        out
     }
 
-    fn request(&self, chunk: &[CustomSample<'_>]) -> Vec<CustomValue> {
-        let no = |why: String| vec![CustomValue::NoSignal(why); chunk.len()];
+    fn request(&self, chunk: &[CustomSample<'_>]) -> Answer {
+        let no = |why: String| Answer::no_signal(why, chunk.len());
         let labels: Vec<serde_json::Value> = chunk
             .iter()
-            .map(|s| {
-                serde_json::to_value(s.task)
-                    .ok()
-                    .and_then(|t| t.get(&self.label_key).cloned())
-                    .unwrap_or(serde_json::Value::Null)
-            })
+            .map(|s| super::column(s.task, &self.label_key))
             .collect();
         let body = serde_json::json!({
             "query": chunk.iter().map(|s| format!("{}{}", s.prompt, s.completion.text)).collect::<Vec<_>>(),
@@ -87,7 +80,15 @@ impl HttpTerm {
             }
         };
         match v.get("rewards").and_then(|r| r.as_array()) {
-            Some(values) => values_of(values, chunk.len(), "the reward server"),
+            Some(values) => {
+                let values = values_of(values, chunk.len(), "the reward server");
+                let extras = if values.iter().all(|v| matches!(v, CustomValue::NoSignal(_))) {
+                    Default::default()
+                } else {
+                    extras_of(&v["extra_logs"], chunk.len())
+                };
+                Answer { values, extras }
+            }
             None => no(format!(
                 "the reward server's answer has no \"rewards\" list: {}",
                 crate::text::body_excerpt(&text, 120)

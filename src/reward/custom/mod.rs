@@ -46,8 +46,66 @@ pub enum CustomValue {
     NoSignal(String),
 }
 
-/// Each custom term's value for one sample, by term name.
+/// Each custom term's value for one sample, by term name; beside them,
+/// under `NAME/KEY`, the numbers a term asked to log (verl's extra dict
+/// keys, OpenRLHF's `extra_logs`, TRL's `log_metric` and `log_extra`),
+/// which are logged and never weighed.
 pub type CustomScores = BTreeMap<String, CustomValue>;
+
+/// One term's answer for a slice of the batch: a value per sample and, per
+/// key it logs, a number per sample (`None` where it gave none).
+#[derive(Debug, Default)]
+struct Answer {
+    values: Vec<CustomValue>,
+    extras: BTreeMap<String, Vec<Option<f64>>>,
+}
+
+impl Answer {
+    fn values(values: Vec<CustomValue>) -> Answer {
+        Answer {
+            values,
+            extras: BTreeMap::new(),
+        }
+    }
+
+    fn no_signal(why: String, n: usize) -> Answer {
+        Answer::values(vec![CustomValue::NoSignal(why); n])
+    }
+
+    /// `self` followed by `next`, the extras padded to stay per sample.
+    fn append(&mut self, next: Answer) {
+        let (before, added) = (self.values.len(), next.values.len());
+        for (k, v) in next.extras {
+            self.extras
+                .entry(k)
+                .or_insert_with(|| vec![None; before])
+                .extend(v);
+        }
+        self.values.extend(next.values);
+        for v in self.extras.values_mut() {
+            v.resize(before + added, None);
+        }
+    }
+}
+
+/// `{key: [number per sample]}` as a term answered it; keys whose list has
+/// another length than `n`, and values that are not numbers, are left out.
+fn extras_of(v: &serde_json::Value, n: usize) -> BTreeMap<String, Vec<Option<f64>>> {
+    let Some(map) = v.as_object() else {
+        return BTreeMap::new();
+    };
+    map.iter()
+        .filter(|(k, _)| k.as_str() != "no_signal" && !k.is_empty())
+        .filter_map(|(k, v)| {
+            let list = v.as_array().filter(|l| l.len() == n)?;
+            let nums: Vec<Option<f64>> = list
+                .iter()
+                .map(|x| x.as_f64().filter(|f| f.is_finite()))
+                .collect();
+            nums.iter().any(Option::is_some).then(|| (k.clone(), nums))
+        })
+        .collect()
+}
 
 /// What a term sees of one sample.
 #[derive(Debug, Clone, Copy)]
@@ -123,7 +181,7 @@ impl CustomTerms {
             return out;
         }
         for term in &self.terms {
-            let values = term.score(step, samples);
+            let Answer { values, extras } = term.score(step, samples);
             debug_assert_eq!(values.len(), samples.len());
             let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
             for v in &values {
@@ -140,6 +198,14 @@ impl CustomTerms {
             drop(warned);
             for (row, v) in out.iter_mut().zip(values) {
                 row.insert(term.cfg.name.clone(), v);
+            }
+            for (key, nums) in extras {
+                let name = format!("{}/{key}", term.cfg.name);
+                for (row, x) in out.iter_mut().zip(nums) {
+                    if let Some(x) = x {
+                        row.insert(name.clone(), CustomValue::Value(x));
+                    }
+                }
             }
         }
         out
@@ -171,7 +237,10 @@ pub fn check(cfg: &CustomTermConfig) -> Result<(), CustomError> {
             python: true,
             ..
         } => {
-            args.insert(1, "--check".into());
+            // The flag follows the worker script, under bwrap or not.
+            let worker = worker_file().map_err(fail)?.display().to_string();
+            let at = args.iter().rposition(|a| *a == worker).map_or(1, |i| i + 1);
+            args.insert(at, "--check".into());
             let mut p = Kept::spawn(&program, &args, None, "the reward worker")
                 .map_err(|e| fail(e.to_string()))?;
             let line = p
@@ -205,19 +274,27 @@ fn backend(cfg: &CustomTermConfig) -> Result<Backend, CustomError> {
                 return Err(fail(format!("{}: no such file", path.display())));
             }
             let worker = worker_file().map_err(fail)?;
-            let signature = match cfg.signature {
+            let signature_name = match cfg.signature {
                 RewardSignature::Trl => "trl",
                 RewardSignature::Verl => "verl",
                 RewardSignature::Openrlhf => "openrlhf",
             };
+            let args = vec![
+                worker.display().to_string(),
+                path.display().to_string(),
+                cfg.function_name().to_owned(),
+                signature_name.to_owned(),
+            ];
+            let (program, args) = if cfg.sandbox {
+                let dir = path.parent().map(std::path::Path::to_path_buf);
+                let binds = [Some(worker.clone()), dir, cfg.cwd.clone()];
+                sandboxed(&python, args, &binds).map_err(fail)?
+            } else {
+                (python, args)
+            };
             Ok(Backend::Processes {
-                program: python,
-                args: vec![
-                    worker.display().to_string(),
-                    path.display().to_string(),
-                    cfg.function_name().to_owned(),
-                    signature.to_owned(),
-                ],
+                program,
+                args,
                 slots: (0..cfg.workers.max(1)).map(|_| Mutex::new(None)).collect(),
                 python: true,
             })
@@ -242,15 +319,66 @@ fn backend(cfg: &CustomTermConfig) -> Result<Backend, CustomError> {
                     }
                 }
             };
+            let (program, args) = if cfg.sandbox {
+                sandboxed(&program, rest.to_vec(), std::slice::from_ref(&cfg.cwd)).map_err(fail)?
+            } else {
+                (program, rest.to_vec())
+            };
             Ok(Backend::Processes {
                 program,
-                args: rest.to_vec(),
+                args,
                 slots: vec![Mutex::new(None)],
                 python: false,
             })
         }
         CustomKind::Http => Ok(Backend::Http(http::HttpTerm::new(cfg))),
     }
+}
+
+/// `program args` under bubblewrap (`sandbox = true`): no network, own
+/// pid, ipc and uts namespaces, the filesystem read-only, a private
+/// `/tmp` with `binds` (the worker, the term's directory) bound back
+/// read-only, and the process dies with the trainer.
+fn sandboxed(
+    program: &std::path::Path,
+    args: Vec<String>,
+    binds: &[Option<PathBuf>],
+) -> Result<(PathBuf, Vec<String>), String> {
+    let bwrap = crate::exec::isolation::which("bwrap").ok_or_else(|| {
+        "sandbox = true needs bubblewrap (bwrap), which is not installed; scripts/setup installs it"
+            .to_owned()
+    })?;
+    let mut argv: Vec<String> = [
+        "--unshare-net",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--die-with-parent",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/tmp",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    for b in binds.iter().flatten() {
+        // Canonical, so a path through a symlink is bound where it lives.
+        let b = std::fs::canonicalize(b).unwrap_or_else(|_| b.clone());
+        argv.extend([
+            "--ro-bind".to_owned(),
+            b.display().to_string(),
+            b.display().to_string(),
+        ]);
+    }
+    argv.push("--".to_owned());
+    argv.push(program.display().to_string());
+    argv.extend(args);
+    Ok((bwrap, argv))
 }
 
 fn is_executable(p: &std::path::Path) -> bool {
@@ -289,7 +417,7 @@ fn ready(line: &str) -> Result<(), String> {
 }
 
 impl Term {
-    fn score(&self, step: u64, samples: &[CustomSample<'_>]) -> Vec<CustomValue> {
+    fn score(&self, step: u64, samples: &[CustomSample<'_>]) -> Answer {
         match &self.backend {
             Backend::Http(h) => h.score(samples),
             Backend::Processes {
@@ -300,7 +428,7 @@ impl Term {
             } => {
                 let per = samples.len().div_ceil(slots.len());
                 let chunks: Vec<&[CustomSample]> = samples.chunks(per.max(1)).collect();
-                let mut out: Vec<CustomValue> = Vec::with_capacity(samples.len());
+                let mut out = Answer::default();
                 std::thread::scope(|s| {
                     let handles: Vec<_> = chunks
                         .iter()
@@ -313,11 +441,8 @@ impl Term {
                         })
                         .collect();
                     for (chunk, h) in chunks.iter().zip(handles) {
-                        out.extend(h.join().unwrap_or_else(|_| {
-                            vec![
-                                CustomValue::NoSignal("the term's thread panicked".into());
-                                chunk.len()
-                            ]
+                        out.append(h.join().unwrap_or_else(|_| {
+                            Answer::no_signal("the term's thread panicked".into(), chunk.len())
                         }));
                     }
                 });
@@ -336,8 +461,8 @@ impl Term {
         python: bool,
         step: u64,
         chunk: &[CustomSample<'_>],
-    ) -> Vec<CustomValue> {
-        let no = |why: String| vec![CustomValue::NoSignal(why); chunk.len()];
+    ) -> Answer {
+        let no = |why: String| Answer::no_signal(why, chunk.len());
         let deadline = Instant::now() + Duration::from_secs_f64(self.cfg.timeout_s);
         if slot.is_none() {
             let what = if python {
@@ -362,6 +487,7 @@ impl Term {
             self.python_call(p, step, chunk, deadline)
         } else {
             self.command_call(p, step, chunk, deadline)
+                .map(Answer::values)
         };
         match result {
             Ok(values) => values,
@@ -378,7 +504,7 @@ impl Term {
         step: u64,
         chunk: &[CustomSample<'_>],
         deadline: Instant,
-    ) -> Result<Vec<CustomValue>, Broken> {
+    ) -> Result<Answer, Broken> {
         let samples: Vec<serde_json::Value> = chunk.iter().map(sample_json).collect();
         let completions = match self.cfg.completions {
             crate::config::CompletionFormat::Standard => "standard",
@@ -398,10 +524,16 @@ impl Term {
             .map_err(|e| Broken(format!("the reward worker's answer is not JSON ({e})")))?;
         if let Some(e) = v["error"].as_str() {
             let why = format!("{}() raised {e}", self.cfg.function_name());
-            return Ok(vec![CustomValue::NoSignal(why); chunk.len()]);
+            return Ok(Answer::no_signal(why, chunk.len()));
         }
         let values = v["values"].as_array().cloned().unwrap_or_default();
-        Ok(values_of(&values, chunk.len(), self.cfg.function_name()))
+        let values = values_of(&values, chunk.len(), self.cfg.function_name());
+        let extras = if values.iter().all(|v| matches!(v, CustomValue::NoSignal(_))) {
+            BTreeMap::new()
+        } else {
+            extras_of(&v["extras"], chunk.len())
+        };
+        Ok(Answer { values, extras })
     }
 
     fn command_call(
@@ -446,6 +578,23 @@ fn sample_json(s: &CustomSample<'_>) -> serde_json::Value {
         "task": s.task,
         "report": s.report,
     })
+}
+
+/// A task's column `key`, as a dataset would have it: its own field, else
+/// its extra field of that name, else null.
+fn column(task: &Task, key: &str) -> serde_json::Value {
+    if key != "extra" {
+        if let Some(v) = serde_json::to_value(task)
+            .ok()
+            .and_then(|t| t.get(key).cloned())
+        {
+            return v;
+        }
+    }
+    task.extra
+        .get(key)
+        .cloned()
+        .unwrap_or(serde_json::Value::Null)
 }
 
 /// `n` values from a list answered for `n` samples; a list of another

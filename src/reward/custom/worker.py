@@ -132,6 +132,37 @@ def extras_of(rows, n):
     return out
 
 
+def column(task, key):
+    """A task's column: its own field, else its extra field of that name."""
+    if key in task and key != "extra":
+        return task[key]
+    return (task.get("extra") or {}).get(key)
+
+
+def columns_of(samples):
+    """The dataset columns TRL would pass: every task field and extra field
+    of the batch (absent ones are None), less those TRL passes itself."""
+    keys = []
+    for s in samples:
+        task = s["task"]
+        for key in list(task) + list(task.get("extra") or {}):
+            if key not in TRL_NOT_COLUMNS and key != "extra" and key not in keys:
+                keys.append(key)
+    return keys
+
+
+def ground_truth(task):
+    """verl's ground_truth: reward_model.ground_truth or ground_truth from a
+    verl-style record, else the task's tests."""
+    extra = task.get("extra") or {}
+    rm = extra.get("reward_model")
+    if isinstance(rm, dict) and "ground_truth" in rm:
+        return rm["ground_truth"]
+    if "ground_truth" in extra:
+        return extra["ground_truth"]
+    return task.get("tests")
+
+
 def score(fn, signature, req):
     samples = req["samples"]
     n = len(samples)
@@ -147,15 +178,15 @@ def score(fn, signature, req):
         else:
             prompts_arg, completions_arg = prompts, completions
         columns = {}
-        for key in samples[0]["task"] if samples else ():
-            if key not in TRL_NOT_COLUMNS:
-                columns[key] = [s["task"].get(key) for s in samples]
+        for key in columns_of(samples):
+            columns[key] = [column(s["task"], key) for s in samples]
         columns["exec_report"] = [s["report"] for s in samples]
         columns["trainer_state"] = types.SimpleNamespace(global_step=req.get("step", 0))
-        # TRL >= 1.0 hands these loggers to every reward function.
+        # TRL >= 1.0 hands these loggers to every reward function: per-sample
+        # values of a column, and one number for the step.
         logged = {}
-        columns["log_extra"] = lambda column, values: None
-        columns["log_metric"] = lambda name, value: logged.setdefault(str(name), value)
+        columns["log_extra"] = lambda column, values: extras.__setitem__(str(column), values)
+        columns["log_metric"] = lambda name, value: logged.__setitem__(str(name), value)
         columns.update(kwargs)
         out = run(fn)(
             prompts=prompts_arg,
@@ -164,21 +195,31 @@ def score(fn, signature, req):
             **columns,
         )
         values = as_list(out)
+        extras = extras_of(extras, n)
+        for k, v in logged.items():
+            extras.setdefault(k, [value_of(v)] * n)
     elif signature == "verl":
         values, rows = [], []
         call = run(fn)
         for s in samples:
             task = s["task"]
-            extra_info = dict(task)
+            extra = task.get("extra") or {}
+            # A task read from a verl parquet file keeps its own extra_info;
+            # any other task passes its fields.
+            if isinstance(extra.get("extra_info"), dict):
+                extra_info = dict(extra["extra_info"])
+            else:
+                extra_info = {k: v for k, v in task.items() if k != "extra"}
+                extra_info.update(extra)
             extra_info["exec_report"] = s["report"]
             extra_info["step"] = req.get("step", 0)
             # What verl's naive reward manager adds for a single turn.
             extra_info.setdefault("num_turns", 1)
             extra_info.setdefault("rollout_reward_scores", {})
             r = call(
-                data_source=task.get("data_source", "falcon"),
+                data_source=extra.get("data_source", "falcon"),
                 solution_str=s["completion"],
-                ground_truth=task.get("ground_truth", task.get("tests")),
+                ground_truth=ground_truth(task),
                 extra_info=extra_info,
                 **kwargs,
             )
@@ -190,11 +231,11 @@ def score(fn, signature, req):
             else:
                 rows.append({})
             values.append(r)
-        keys = sorted({k for r in rows for k in r})
+        keys = sorted({k for r in rows for k in r if k != "score"})
         extras = {k: [value_of(r.get(k)) if not isinstance(r.get(k), dict) else None for r in rows] for k in keys}
     else:
         label_key = req.get("label_key", "tests")
-        labels = [s["task"].get(label_key) for s in samples]
+        labels = [column(s["task"], label_key) for s in samples]
         out = run(fn)([p + c for p, c in zip(prompts, completions)], prompts, labels, **kwargs)
         if isinstance(out, dict):
             key = "rewards" if "rewards" in out else "scores" if "scores" in out else None
