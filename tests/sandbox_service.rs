@@ -151,7 +151,7 @@ fn local_and_remote_execution_agree_test_for_test() {
 
     let (_keep, he) = crate::common::humaneval_jsonl();
     let load = |p: &PathBuf, f| TaskSet::load(p, f, LoadOptions::default()).unwrap();
-    let mbpp = load(&root().join("../shared/data/mbpp.jsonl"), TaskFormat::Mbpp);
+    let mbpp = load(&root().join("data/mbpp.jsonl"), TaskFormat::Mbpp);
     let numba_path = root().join("data/numba_cuda_tasks.jsonl");
     let sets = [
         (

@@ -42,7 +42,10 @@ from benchcfg import copy_atomic, strategies_config
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "runs", "bench-strategies")
 DATA = os.path.join(OUT, "data")
-SHARED = os.path.join(ROOT, "..", "shared", "data")
+REPO_DATA = os.path.join(ROOT, "data")
+# PriCoder's files carry no license, so they are not in the repository:
+# point FALCON_BENCH_DATA at a directory that holds them.
+BENCH_DATA = os.environ.get("FALCON_BENCH_DATA", REPO_DATA)
 # The venv's own `bin/python`, not the file it links to: resolved, it is the base interpreter,
 # which finds no `pyvenv.cfg` and so none of the venv's packages (ndonnx, numpy). An earlier
 # NdonnxEval run scored every sample, reference solutions included, as ImportError that way.
@@ -88,8 +91,8 @@ def task_source(bench, args):
     """(task file, its format, how many of its tasks the arms use)."""
     return {
         "humaneval": (humaneval_file(), "humaneval", args.he_tasks),
-        "mbpp": (os.path.join(SHARED, "mbpp-sanitized.json"), "mbpp", args.mbpp_tasks),
-        "ndonnx": (os.path.join(SHARED, "ndonnxeval.jsonl"), "pricoder", args.ndonnx_tasks),
+        "mbpp": (os.path.join(REPO_DATA, "mbpp-sanitized.json"), "mbpp", args.mbpp_tasks),
+        "ndonnx": (os.path.join(BENCH_DATA, "ndonnxeval.jsonl"), "pricoder", args.ndonnx_tasks),
     }[bench]
 
 
