@@ -145,21 +145,12 @@ pub fn run(args: ExecArgs) -> Result<()> {
         .iter()
         .map(|s| Completion::text_only(s.code.clone(), FinishReason::Eos))
         .collect();
-    let custom_samples: Vec<CustomSample> = samples
+    let jobs: Vec<(&Task, &Completion)> = samples
         .iter()
         .zip(&completions)
-        .zip(&reports)
-        .map(|((s, completion), report)| {
-            let task = tasks.get(&s.task_id).expect("checked");
-            CustomSample {
-                task,
-                prompt: &task.prompt,
-                completion,
-                report,
-            }
-        })
+        .map(|(s, completion)| (tasks.get(&s.task_id).expect("checked"), completion))
         .collect();
-    let custom = rewards.custom(0, &custom_samples);
+    let custom = rewards.custom(0, &CustomSample::batch(&jobs, &reports));
     let scored = rewards.score(&reports, &codes, &stats.p_error(), &custom)?;
 
     let mut lines = String::new();

@@ -599,19 +599,7 @@ pub fn rescore(
     let jobs: Vec<(&Task, &Completion)> = answers.iter().map(|(t, c)| (*t, c)).collect();
     let reports = execute(sandbox, &jobs);
     let mut custom_scores = match custom.filter(|c| !c.is_empty()) {
-        Some(terms) => {
-            let samples: Vec<CustomSample> = jobs
-                .iter()
-                .zip(&reports)
-                .map(|(&(task, completion), report)| CustomSample {
-                    task,
-                    prompt: &task.prompt,
-                    completion,
-                    report,
-                })
-                .collect();
-            terms.score(0, &samples)
-        }
+        Some(terms) => terms.score(0, &CustomSample::batch(&jobs, &reports)),
         None => Vec::new(),
     }
     .into_iter();

@@ -11,6 +11,23 @@ use crate::config::{CudaMode, ExecConfig, Isolation};
 pub const SANDBOX_JOBDIR: &str = "/tmp/job";
 /// Directories replaced by an empty tmpfs inside the sandbox.
 pub const HIDDEN_DIRS: [&str; 2] = ["/root", "/home"];
+/// The start of every bubblewrap command line: no network, own pid, ipc
+/// and uts namespaces, dies with its parent, the system read-only.
+pub const NAMESPACES: [&str; 12] = [
+    "--unshare-net",
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--unshare-uts",
+    "--die-with-parent",
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+];
+
 /// PATH inside the sandbox.
 pub const SANDBOX_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
@@ -119,27 +136,11 @@ pub fn worker_argv(
     let s = |x: &str| x.to_owned();
     if cfg.isolation == Isolation::Bwrap {
         argv.push(bwrap.display().to_string());
+        argv.extend(NAMESPACES.map(s));
         for a in [
-            "--unshare-net",
-            "--unshare-pid",
-            "--unshare-ipc",
-            "--unshare-uts",
-            "--die-with-parent",
-            "--ro-bind",
-            "/",
-            "/",
-            "--dev",
-            "/dev",
-            "--proc",
-            "/proc",
             // Root-owned, read-only to the candidate: it may write only in
             // the per-test directory the worker makes inside the job tmpfs.
-            "--perms",
-            "0755",
-            "--size",
-            "1048576",
-            "--tmpfs",
-            "/tmp",
+            "--perms", "0755", "--size", "1048576", "--tmpfs", "/tmp",
         ] {
             argv.push(s(a));
         }

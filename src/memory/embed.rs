@@ -56,21 +56,6 @@ impl HashEmbedder {
         Ok(HashEmbedder { dim })
     }
 
-    fn fnv1a(parts: &[&[u8]]) -> u64 {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for (i, p) in parts.iter().enumerate() {
-            if i > 0 {
-                h ^= 0x1f;
-                h = h.wrapping_mul(0x0100_0000_01b3);
-            }
-            for &b in *p {
-                h ^= u64::from(b);
-                h = h.wrapping_mul(0x0100_0000_01b3);
-            }
-        }
-        h
-    }
-
     /// The feature vector of one text (not normalised).
     pub fn features(&self, text: &str) -> Vec<f32> {
         let mut v = vec![0f32; self.dim];
@@ -82,7 +67,7 @@ impl HashEmbedder {
         let mut add = |tag: &[u8], parts: &[&[u8]], weight: f32| {
             let mut all: Vec<&[u8]> = vec![tag];
             all.extend_from_slice(parts);
-            let h = Self::fnv1a(&all);
+            let h = crate::text::fnv1a(&all);
             let bucket = (h % self.dim as u64) as usize;
             let sign = if (h >> 63) == 1 { -1.0 } else { 1.0 };
             v[bucket] += sign * weight;

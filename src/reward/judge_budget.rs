@@ -46,9 +46,7 @@ impl<'j> Budgeted<'j> {
 
 /// FNV-1a of the code, the cache's key beside the aspect.
 fn key(aspect: Aspect, code: &str) -> String {
-    let h = code.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    });
+    let h = crate::text::fnv1a(&[code.as_bytes()]);
     let a = match aspect {
         Aspect::Style => "style",
         Aspect::Complexity => "complexity",

@@ -1,9 +1,27 @@
 //! Small text helpers shared by several modules: clipping prompts,
-//! quoting a server's answer in an error message, and where an answer's
-//! code block ends (the engines stop there); [`python`] is the one scanner
-//! of Python source.
+//! quoting a server's answer in an error message, where an answer's
+//! code block ends (the engines stop there), and a stable hash of text
+//! ([`fnv1a`]); [`python`] is the one scanner of Python source.
 
 pub mod python;
+
+/// FNV-1a (64 bit) of `parts`, a separator byte mixed in between them: a
+/// hash that is the same in every process and release, for names, cache
+/// keys and hashed features (not for security).
+pub fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            h ^= 0x1f;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        for &b in *p {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
 
 /// The first `max` characters of `s`, followed by `marker` when anything
 /// was cut (each prompt says "cut" its own way: `…`, `\n... [cut]`).

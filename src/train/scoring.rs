@@ -207,16 +207,7 @@ pub fn execute(
         .collect();
     let reports = timer.time("exec", || run_in_sandbox(s.sandbox, &jobs));
     let custom = if s.rewards.has_custom() {
-        let samples: Vec<CustomSample> = jobs
-            .iter()
-            .zip(&reports)
-            .map(|(&(task, completion), report)| CustomSample {
-                task,
-                prompt: &task.prompt,
-                completion,
-                report,
-            })
-            .collect();
+        let samples = CustomSample::batch(&jobs, &reports);
         timer.time("custom_reward", || s.rewards.custom(s.step, &samples))
     } else {
         vec![CustomScores::new(); reports.len()]

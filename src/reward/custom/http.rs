@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use super::{extras_of, values_of, Answer, CustomSample, CustomValue};
+use super::{values_of, Answer, CustomSample};
 use crate::config::CustomTermConfig;
 use crate::exec::servers::Servers;
 
@@ -80,15 +80,10 @@ impl HttpTerm {
             }
         };
         match v.get("rewards").and_then(|r| r.as_array()) {
-            Some(values) => {
-                let values = values_of(values, chunk.len(), "the reward server");
-                let extras = if values.iter().all(|v| matches!(v, CustomValue::NoSignal(_))) {
-                    Default::default()
-                } else {
-                    extras_of(&v["extra_logs"], chunk.len())
-                };
-                Answer { values, extras }
-            }
+            Some(values) => Answer::logged(
+                values_of(values, chunk.len(), "the reward server"),
+                &v["extra_logs"],
+            ),
             None => no(format!(
                 "the reward server's answer has no \"rewards\" list: {}",
                 crate::text::body_excerpt(&text, 120)

@@ -61,6 +61,17 @@ struct Answer {
 }
 
 impl Answer {
+    /// `values` with the numbers `extras` (`{key: [per sample]}`) logs
+    /// beside them; none when every value is no signal.
+    fn logged(values: Vec<CustomValue>, extras: &serde_json::Value) -> Answer {
+        let extras = if values.iter().all(|v| matches!(v, CustomValue::NoSignal(_))) {
+            BTreeMap::new()
+        } else {
+            extras_of(extras, values.len())
+        };
+        Answer { values, extras }
+    }
+
     fn values(values: Vec<CustomValue>) -> Answer {
         Answer {
             values,
@@ -116,6 +127,25 @@ pub struct CustomSample<'a> {
     pub prompt: &'a str,
     pub completion: &'a Completion,
     pub report: &'a ExecReport,
+}
+
+impl<'a> CustomSample<'a> {
+    /// The samples of a sandbox batch: `jobs[i]` (task, completion) ran as
+    /// `reports[i]`; each prompt is its task's.
+    pub fn batch(
+        jobs: &[(&'a Task, &'a Completion)],
+        reports: &'a [ExecReport],
+    ) -> Vec<CustomSample<'a>> {
+        jobs.iter()
+            .zip(reports)
+            .map(|(&(task, completion), report)| CustomSample {
+                task,
+                prompt: &task.prompt,
+                completion,
+                report,
+            })
+            .collect()
+    }
 }
 
 /// Why a term cannot be used at all (`falcon config check` and start-up).
@@ -274,7 +304,7 @@ fn backend(cfg: &CustomTermConfig) -> Result<Backend, CustomError> {
                 return Err(fail(format!("{}: no such file", path.display())));
             }
             let worker = worker_file().map_err(fail)?;
-            let signature_name = match cfg.signature {
+            let signature = match cfg.signature {
                 RewardSignature::Trl => "trl",
                 RewardSignature::Verl => "verl",
                 RewardSignature::Openrlhf => "openrlhf",
@@ -283,7 +313,7 @@ fn backend(cfg: &CustomTermConfig) -> Result<Backend, CustomError> {
                 worker.display().to_string(),
                 path.display().to_string(),
                 cfg.function_name().to_owned(),
-                signature_name.to_owned(),
+                signature.to_owned(),
             ];
             let (program, args) = if cfg.sandbox {
                 let dir = path.parent().map(std::path::Path::to_path_buf);
@@ -348,24 +378,11 @@ fn sandboxed(
         "sandbox = true needs bubblewrap (bwrap), which is not installed; scripts/setup installs it"
             .to_owned()
     })?;
-    let mut argv: Vec<String> = [
-        "--unshare-net",
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--die-with-parent",
-        "--ro-bind",
-        "/",
-        "/",
-        "--dev",
-        "/dev",
-        "--proc",
-        "/proc",
-        "--tmpfs",
-        "/tmp",
-    ]
-    .map(str::to_owned)
-    .to_vec();
+    let mut argv: Vec<String> = crate::exec::isolation::NAMESPACES
+        .iter()
+        .chain(&["--tmpfs", "/tmp"])
+        .map(|a| (*a).to_owned())
+        .collect();
     for b in binds.iter().flatten() {
         // Canonical, so a path through a symlink is bound where it lives.
         let b = std::fs::canonicalize(b).unwrap_or_else(|_| b.clone());
@@ -389,9 +406,7 @@ fn is_executable(p: &std::path::Path) -> bool {
 /// The worker script, written once per process into the temp directory
 /// (under a name that holds its hash, so versions never mix).
 fn worker_file() -> Result<PathBuf, String> {
-    let hash = WORKER_PY.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    });
+    let hash = crate::text::fnv1a(&[WORKER_PY.as_bytes()]);
     let path = std::env::temp_dir().join(format!("falcon-reward-worker-{hash:016x}.py"));
     if std::fs::read_to_string(&path).is_ok_and(|t| t == WORKER_PY) {
         return Ok(path);
@@ -528,12 +543,7 @@ impl Term {
         }
         let values = v["values"].as_array().cloned().unwrap_or_default();
         let values = values_of(&values, chunk.len(), self.cfg.function_name());
-        let extras = if values.iter().all(|v| matches!(v, CustomValue::NoSignal(_))) {
-            BTreeMap::new()
-        } else {
-            extras_of(&v["extras"], chunk.len())
-        };
-        Ok(Answer { values, extras })
+        Ok(Answer::logged(values, &v["extras"]))
     }
 
     fn command_call(
