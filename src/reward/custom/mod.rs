@@ -378,12 +378,27 @@ fn sandboxed(
         "sandbox = true needs bubblewrap (bwrap), which is not installed; scripts/setup installs it"
             .to_owned()
     })?;
+    // Run it by its real directory, keeping the file name (a venv's
+    // `bin/python` finds its `pyvenv.cfg` by it): a project `.venv` link
+    // under /tmp would vanish behind the private /tmp, so an interpreter
+    // that lives there has its prefix bound back.
+    let program = match (program.parent(), program.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(dir)
+            .map(|d| d.join(name))
+            .unwrap_or_else(|_| program.to_path_buf()),
+        _ => program.to_path_buf(),
+    };
+    let prefix = program
+        .parent()
+        .and_then(std::path::Path::parent)
+        .filter(|p| p.starts_with("/tmp") && *p != std::path::Path::new("/tmp"))
+        .map(std::path::Path::to_path_buf);
     let mut argv: Vec<String> = crate::exec::isolation::NAMESPACES
         .iter()
         .chain(&["--tmpfs", "/tmp"])
         .map(|a| (*a).to_owned())
         .collect();
-    for b in binds.iter().flatten() {
+    for b in binds.iter().flatten().chain(&prefix) {
         // Canonical, so a path through a symlink is bound where it lives.
         let b = std::fs::canonicalize(b).unwrap_or_else(|_| b.clone());
         argv.extend([
