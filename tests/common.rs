@@ -158,5 +158,6 @@ pub fn task_of(id: &str, tests: &[&str]) -> falcon_rl::task::Task {
         test_setup: None,
         prelude: None,
         extra: Default::default(),
+        ..Default::default()
     }
 }

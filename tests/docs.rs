@@ -214,3 +214,50 @@ fn the_docs_reader_finds_commands_in_blocks_and_inline() {
         ["--prompt", "def f(x):", "--k", "N"]
     );
 }
+
+/// Nothing the product ships may point at the developers' own directory
+/// beside the checkout: a user's clone has no such path. Every text file of
+/// the shipped trees (and the CLI's `--help`, which lives in `src/`) is read.
+#[test]
+fn nothing_shipped_points_outside_the_repository() {
+    let needles = [concat!("..", "/shared"), concat!("/shared", "/data")];
+    let mut stack: Vec<std::path::PathBuf> = [
+        "README.md",
+        "docs",
+        "configs",
+        "examples",
+        "scripts",
+        "src",
+        "tests",
+        "data",
+        ".ci",
+    ]
+    .iter()
+    .map(|p| root().join(p))
+    .collect();
+    let mut read = 0;
+    let mut hits = Vec::new();
+    while let Some(p) = stack.pop() {
+        if p.is_dir() {
+            for e in std::fs::read_dir(&p).unwrap().flatten() {
+                stack.push(e.path());
+            }
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(&p) else {
+            continue;
+        };
+        read += 1;
+        for (n, line) in text.lines().enumerate() {
+            if needles.iter().any(|s| line.contains(s)) {
+                hits.push(format!("{}:{}: {}", p.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(read > 100, "only {read} files read: wrong root?");
+    assert!(
+        hits.is_empty(),
+        "paths outside the repository:\n{}",
+        hits.join("\n")
+    );
+}

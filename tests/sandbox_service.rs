@@ -183,7 +183,7 @@ fn local_and_remote_execution_agree_test_for_test() {
             samples.push((t, t.canonical_solution.clone().expect("reference")));
             let w = match t.kind {
                 TaskKind::NumbaCuda => mutants[&t.id].clone(),
-                TaskKind::Python => wrong(t),
+                TaskKind::Python | TaskKind::Stdio => wrong(t),
             };
             samples.push((t, w));
         }

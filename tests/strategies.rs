@@ -31,6 +31,7 @@ fn task(id: &str, prompt: &str, entry: &str, tests: &[&str]) -> Task {
         test_setup: None,
         prelude: None,
         extra: Default::default(),
+        ..Default::default()
     }
 }
 

@@ -18,7 +18,7 @@ use falcon_rl::task::{LoadOptions, Task, TaskFormat, TaskSet};
 
 #[derive(Args)]
 pub struct ExecArgs {
-    /// Task file (own JSONL, HumanEval, MBPP, PriCoder).
+    /// Task file: any supported format (own JSONL, HumanEval, MBPP, PriCoder, APPS/TACO, CodeContests, LiveCodeBench, KodCode, verl), parquet/arrow, or a directory of them.
     #[arg(long)]
     tasks: PathBuf,
     /// Samples: JSONL with `task_id` and `code` per line; or `canonical` to run
@@ -89,6 +89,7 @@ pub fn run(args: ExecArgs) -> Result<()> {
         TaskFormat::Auto,
         LoadOptions {
             skip_invalid: args.skip_invalid,
+            ..cfg.tasks.load_options()
         },
     )
     .map_err(usage)?;

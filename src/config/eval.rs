@@ -15,6 +15,9 @@ pub struct EvalConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
     pub format: TaskFormat,
+    /// When the file is a directory: read only this split's data files.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub split: Option<String>,
     /// Keep only tasks carrying at least one of these tags; empty keeps all.
     pub tags: Vec<String>,
     /// At most this many tasks (file order); 0 = all.
@@ -41,6 +44,7 @@ impl Default for EvalConfig {
         EvalConfig {
             path: None,
             format: TaskFormat::Auto,
+            split: None,
             tags: Vec::new(),
             max_tasks: 0,
             n: 1,

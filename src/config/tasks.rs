@@ -22,6 +22,16 @@ pub enum TaskFormat {
     Mbpp,
     /// PriCoder benchmarks (NumbaEval, NdonnxEval) JSONL.
     Pricoder,
+    /// APPS and TACO (`question`, `input_output`, `solutions`, `starter_code`).
+    Apps,
+    /// DeepMind CodeContests (`description`, `public_tests`, `private_tests`, ...).
+    Codecontests,
+    /// LiveCodeBench `code_generation_lite` (`question_content`, `public_test_cases`, ...).
+    Livecodebench,
+    /// KodCode (`question`, `solution`, `test` as a pytest file, `test_info`).
+    Kodcode,
+    /// verl-style RL rows (`prompt` as chat messages, `reward_model.ground_truth`, `extra_info`).
+    Verl,
 }
 
 impl fmt::Display for TaskFormat {
@@ -32,6 +42,11 @@ impl fmt::Display for TaskFormat {
             Self::Humaneval => "humaneval",
             Self::Mbpp => "mbpp",
             Self::Pricoder => "pricoder",
+            Self::Apps => "apps",
+            Self::Codecontests => "codecontests",
+            Self::Livecodebench => "livecodebench",
+            Self::Kodcode => "kodcode",
+            Self::Verl => "verl",
         })
     }
 }
@@ -50,6 +65,25 @@ pub struct TasksConfig {
     /// Keep only tasks carrying at least one of these tags; empty keeps all.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
+    /// Column renames for datasets whose names differ from their format's:
+    /// `{ question = "problem" }` reads the file's `problem` as `question`.
+    /// Applies to every task file the run reads.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub columns: std::collections::BTreeMap<String, String>,
+    /// When `path` is a directory: read only this split's data files.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub split: Option<String>,
+}
+
+impl TasksConfig {
+    /// How the run reads `[tasks] path`.
+    pub fn load_options(&self) -> crate::task::LoadOptions {
+        crate::task::LoadOptions {
+            skip_invalid: self.skip_invalid,
+            columns: self.columns.clone(),
+            split: self.split.clone(),
+        }
+    }
 }
 
 impl Section for TasksConfig {
@@ -62,6 +96,22 @@ impl Section for TasksConfig {
                     "must not be empty; remove the key to leave it unset",
                 );
             }
+        }
+        for (want, found) in &self.columns {
+            if want.is_empty() || found.is_empty() {
+                problems.push(
+                    &format!("{path}.columns.{want}"),
+                    found,
+                    "a column name must not be empty",
+                );
+            }
+        }
+        if self.split.as_deref().is_some_and(|s| s.trim().is_empty()) {
+            problems.push(
+                &format!("{path}.split"),
+                "",
+                "must not be empty; remove the key to read every split",
+            );
         }
     }
 }

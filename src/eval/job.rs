@@ -254,7 +254,7 @@ fn accumulation_tasks(cfg: &RunConfig, path: &Path) -> Result<TaskSet, EvalError
         path,
         &Selection {
             format: crate::config::TaskFormat::Auto,
-            skip_invalid: cfg.tasks.skip_invalid,
+            load: cfg.tasks.load_options(),
             tags: &[],
             max_tasks: cfg.strategy.accumulate_max_tasks,
             what: "[strategy] accumulate_on",

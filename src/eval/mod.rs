@@ -299,7 +299,10 @@ pub fn eval_tasks(cfg: &crate::config::RunConfig) -> Result<crate::task::TaskSet
         path,
         &crate::task::Selection {
             format: cfg.eval.format,
-            skip_invalid: cfg.tasks.skip_invalid,
+            load: crate::task::LoadOptions {
+                split: cfg.eval.split.clone(),
+                ..cfg.tasks.load_options()
+            },
             tags: &cfg.eval.tags,
             max_tasks: cfg.eval.max_tasks,
             what: "[eval]",

@@ -336,7 +336,7 @@ pub fn test_result_from_response(
 }
 
 /// The exception a traceback ends with: (type name without module, message).
-fn last_exception(stderr: &str) -> (String, String) {
+pub(crate) fn last_exception(stderr: &str) -> (String, String) {
     for line in stderr.lines().rev() {
         if line.starts_with(char::is_whitespace) || line.trim().is_empty() {
             continue;
@@ -358,7 +358,7 @@ fn last_exception(stderr: &str) -> (String, String) {
 
 /// Line numbers of the program's own frames (`File "main.py"` or the
 /// temporary file a SandboxFusion server writes), innermost last.
-fn traceback_lines(stderr: &str) -> Vec<usize> {
+pub(crate) fn traceback_lines(stderr: &str) -> Vec<usize> {
     stderr
         .lines()
         .filter_map(|l| {
@@ -399,6 +399,7 @@ mod tests {
             test_setup: Some("import math".into()),
             prelude: Some("from typing import List\n".into()),
             extra: Default::default(),
+            ..Default::default()
         }
     }
 

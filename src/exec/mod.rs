@@ -36,6 +36,7 @@ mod http;
 pub mod isolation;
 pub mod outcome;
 mod pool;
+pub mod program;
 pub mod protocol;
 mod remote;
 pub mod script;
@@ -119,7 +120,7 @@ pub struct MissingModule {
 pub fn required_modules(task: &Task) -> Vec<String> {
     let mut out: Vec<String> = match task.kind {
         crate::task::TaskKind::NumbaCuda => vec!["numpy".into(), "numba".into()],
-        crate::task::TaskKind::Python => Vec::new(),
+        crate::task::TaskKind::Python | crate::task::TaskKind::Stdio => Vec::new(),
     };
     for src in [&task.prelude, &task.test_setup].into_iter().flatten() {
         for line in src.lines().map(str::trim) {
@@ -331,9 +332,16 @@ impl Sandbox {
     }
 
     /// Runs every test of `task` against `code` (a complete program defining
-    /// `task.entry_point`), each test on its own. Never panics or errors: a
+    /// `task.entry_point`, or for a program task one that reads stdin), each
+    /// test on its own. Never panics or errors: a
     /// failure of the sandbox itself is [`ExecReport::no_signal`].
     pub fn run(&self, task: &Task, code: &str) -> ExecReport {
+        if task.kind == crate::task::TaskKind::Stdio {
+            let t0 = Instant::now();
+            let mut report = program::run(self, task, code);
+            report.seconds = t0.elapsed().as_secs_f64();
+            return report;
+        }
         let pool = match &self.backend {
             Backend::Local(pool) => pool,
             Backend::Remote(r) => return r.run(task, code),
@@ -349,7 +357,7 @@ impl Sandbox {
         // worker that overruns this is hung and is killed. The budget starts
         // when a worker has the job: waiting for a free slot or for a worker
         // to start is the pool's time, never the sample's.
-        let per_test = cfg.wall_limit_s() + 2.0;
+        let per_test = cfg.wall_limit_for(job.timeout, cfg.clock) + 2.0;
         let budget = Duration::from_secs_f64(per_test * task.tests.len() as f64 + 10.0);
         let cap = (cfg.output_bytes + (1 << 20)) * 4 + 64 * task.tests.len() * 1024;
         let attempt = |fresh: bool| {
@@ -736,6 +744,7 @@ mod tests {
             test_setup: Some(setup.into()),
             prelude: Some(prelude.into()),
             extra: Default::default(),
+            ..Default::default()
         };
         use crate::task::TaskKind;
         let t = task(

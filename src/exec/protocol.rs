@@ -29,7 +29,8 @@ impl CheckMode {
     /// The mode a task's tests run in.
     pub fn for_task(task: &Task) -> CheckMode {
         match task.kind {
-            TaskKind::Python => CheckMode::Trusted,
+            // Program tasks never reach a test job (`exec::program`).
+            TaskKind::Python | TaskKind::Stdio => CheckMode::Trusted,
             TaskKind::NumbaCuda => CheckMode::Program,
         }
     }
@@ -54,15 +55,18 @@ pub struct Job<'a> {
 
 impl<'a> Job<'a> {
     pub fn new(task: &'a Task, code: &'a str, cfg: &ExecConfig) -> Self {
+        let timeout = task
+            .time_limit_ms
+            .map_or(cfg.timeout_s, |ms| ms as f64 / 1000.0);
         Job {
             code,
             prelude: task.prelude.as_deref().filter(|s| !s.trim().is_empty()),
             setup: task.test_setup.as_deref().filter(|s| !s.trim().is_empty()),
             tests: &task.tests,
             mode: CheckMode::for_task(task),
-            timeout: cfg.timeout_s,
+            timeout,
             clock: cfg.clock,
-            wall: cfg.wall_limit_s(),
+            wall: cfg.wall_limit_for(timeout, cfg.clock),
         }
     }
 }
@@ -335,6 +339,7 @@ mod tests {
             test_setup: Some("  \n".into()),
             prelude: Some("from typing import List".into()),
             extra: Default::default(),
+            ..Default::default()
         };
         let cfg = ExecConfig {
             timeout_s: 2.0,

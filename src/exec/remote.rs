@@ -164,7 +164,11 @@ impl Remote {
             let (program, first) = fusion::test_program(task, code, i);
             let req = RunCodeRequest {
                 memory_limit_mb: Some(self.exec.memory_mb),
-                ..RunCodeRequest::python(program, self.exec.timeout_s)
+                ..RunCodeRequest::python(
+                    program,
+                    task.time_limit_ms
+                        .map_or(self.exec.timeout_s, |ms| ms as f64 / 1000.0),
+                )
             };
             let resp = self
                 .servers

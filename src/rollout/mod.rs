@@ -107,8 +107,16 @@ pub fn task_prompt(instruction: &str, task: &Task) -> String {
 }
 
 /// "The function must be named `f`." when the task's prompt does not name
-/// the function its tests call.
+/// the function its tests call; for a program task, that it reads stdin
+/// and prints to stdout.
 pub fn name_hint(task: &Task) -> Option<String> {
+    if task.kind == crate::task::TaskKind::Stdio {
+        return Some(
+            "Write a complete Python program that reads the input from standard input \
+             and prints the answer to standard output."
+                .to_owned(),
+        );
+    }
     (!task.entry_point.is_empty() && !task.prompt.contains(&task.entry_point))
         .then(|| format!("The function must be named `{}`.", task.entry_point))
 }
@@ -221,6 +229,7 @@ mod tests {
             test_setup: None,
             prelude: None,
             extra: Default::default(),
+            ..Default::default()
         };
         let p = task_prompt("Solve:", &t);
         assert_eq!(

@@ -203,7 +203,7 @@ impl Repair {
             "\nA test the solution must pass:\n```python\n{}\n```\n\nWrite {} different plans for solving it, \
              each a few short numbered steps in plain words. Do not write any code. \
              Start each plan with a line \"Plan N:\".",
-            task.tests[0].trim_end(),
+            task.shown_test(0),
             self.cfg.plans
         );
         p
@@ -217,7 +217,7 @@ impl Repair {
         let _ = write!(
             p,
             "\nThe solution must pass this test:\n```python\n{}\n```\n",
-            task.tests[0].trim_end()
+            task.shown_test(0)
         );
         if !plans.is_empty() {
             let _ = write!(
@@ -236,7 +236,7 @@ impl Repair {
             p,
             "\nThis solution was written earlier:\n```python\n{}\n```\n\nIt fails this test:\n```python\n{}\n```\nwith this error:\n{}\n",
             code.trim_end(),
-            task.tests[0].trim_end(),
+            task.shown_test(0),
             err
         );
         if self.cfg.memocoder {

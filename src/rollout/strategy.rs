@@ -252,13 +252,19 @@ pub fn code_of(completion: &Completion) -> &str {
 /// prompt made an assertion (`>>> f(x)` and the line after it, or
 /// `f(x) == y` / `f(x) ➞ y` prose), kept only when the reference solution
 /// passes it; failing that, `assert callable(f)`, which still catches code
-/// that does not parse or never defines the function.
+/// that does not parse or never defines the function. A program task's guide
+/// is its first (input, output) pair.
 pub fn guiding_tests(sandbox: &Sandbox, tasks: &[&Task]) -> Vec<Task> {
     let mut guides: Vec<Task> = tasks
         .iter()
         .map(|t| {
             let mut g = (*t).clone();
-            if t.tests.len() > 1 {
+            if t.kind == crate::task::TaskKind::Stdio {
+                // A program task's first (input, output) pair: its statement's
+                // example in every format we read.
+                g.tests.truncate(1);
+                g.outputs.truncate(1);
+            } else if t.tests.len() > 1 {
                 g.tests.truncate(1);
             } else {
                 g.tests = vec![example_assert(&t.prompt, &t.entry_point)
@@ -270,6 +276,7 @@ pub fn guiding_tests(sandbox: &Sandbox, tasks: &[&Task]) -> Vec<Task> {
     // Check prompt-derived guides against the reference solutions.
     let checks: Vec<usize> = (0..tasks.len())
         .filter(|&i| tasks[i].tests.len() == 1 && tasks[i].canonical_solution.is_some())
+        .filter(|&i| tasks[i].kind != crate::task::TaskKind::Stdio)
         .filter(|&i| guides[i].tests[0] != callable_assert(&tasks[i].entry_point))
         .collect();
     let jobs: Vec<(&Task, &str)> = checks

@@ -5,46 +5,57 @@
 //! lines or as one JSON array (HF exports use both), so `mbpp-sanitized.json`
 //! and a `.jsonl` re-export of it read the same.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{Task, TaskError, TaskFormat, TaskKind};
+use super::{contest, Task, TaskError, TaskFormat, TaskKind};
 use crate::text::python::{self, LineBreak, Part};
 
 /// Where a record sits in its file.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Loc {
-    /// 1-based line, or 0-based array index when `in_array`.
+    /// 1-based line, or 0-based array index or row.
     pub number: usize,
-    pub in_array: bool,
+    pub unit: Unit,
+}
+
+/// What [`Loc::number`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unit {
+    /// A line of a JSON-lines file (1-based).
+    Line,
+    /// An element of a file holding one JSON array (0-based).
+    Index,
+    /// A row of a parquet or Arrow file (0-based, over all its files).
+    Row,
 }
 
 impl Loc {
-    /// `line 7` or `array index 7`, for messages that point at another record.
+    /// `line 7`, `array index 7` or `row 7`, for messages that point at another record.
     pub fn label(&self) -> String {
-        if self.in_array {
-            format!("array index {}", self.number)
-        } else {
-            format!("line {}", self.number)
+        match self.unit {
+            Unit::Line => format!("line {}", self.number),
+            Unit::Index => format!("array index {}", self.number),
+            Unit::Row => format!("row {}", self.number),
         }
     }
 
-    /// Prefixes array-element reasons with the index, because the `line`
-    /// field alone would read as a line number of a one-line file.
+    /// Prefixes array-element and row reasons with the index, because the
+    /// `line` field alone would read as a line number.
     pub fn describe(&self, reason: String) -> String {
-        if self.in_array {
-            format!("array index {}: {reason}", self.number)
-        } else {
-            reason
+        match self.unit {
+            Unit::Line => reason,
+            _ => format!("{}: {reason}", self.label()),
         }
     }
 }
 
 /// One record in raw form, before it is decoded by a format.
-enum Raw<'a> {
+pub(super) enum Raw<'a> {
     Line(&'a str),
     Element(Value),
 }
@@ -87,22 +98,83 @@ fn json_reason(e: &serde_json::Error) -> String {
 pub(super) type Decoded = (Loc, Result<Task, String>);
 
 /// Splits `text` into records and decodes each with `format` (detected first
-/// when `Auto`). Whole-file problems are errors; per-record problems are
-/// returned next to their location for the caller to fail on or skip.
+/// when `Auto`), after renaming `columns` (expected key → the file's key).
+/// Whole-file problems are errors; per-record problems are returned next to
+/// their location for the caller to fail on or skip.
 pub(super) fn parse(
     text: &str,
     path: &Path,
     format: TaskFormat,
+    columns: &BTreeMap<String, String>,
 ) -> Result<Vec<Decoded>, TaskError> {
-    let raws = split_records(text, path)?;
-    let format = match format {
-        TaskFormat::Auto => detect(&raws, path)?,
-        explicit => explicit,
-    };
-    Ok(raws
-        .into_iter()
-        .map(|(loc, raw)| (loc, decode_record(format, &raw)))
-        .collect())
+    let raws = rename(split_records(text, path)?, columns);
+    let format = resolve(format, &raws, path)?;
+    Ok(decode_all(format, raws, 0))
+}
+
+/// `format`, or the one the first object record's keys say when `Auto`.
+pub(super) fn resolve(
+    format: TaskFormat,
+    raws: &[(Loc, Raw<'_>)],
+    path: &Path,
+) -> Result<TaskFormat, TaskError> {
+    match format {
+        TaskFormat::Auto => detect(raws, path),
+        explicit => Ok(explicit),
+    }
+}
+
+/// Decodes records whose first has ordinal `first` among all of the file's.
+pub(super) fn decode_all(
+    format: TaskFormat,
+    raws: Vec<(Loc, Raw<'_>)>,
+    first: usize,
+) -> Vec<Decoded> {
+    raws.into_iter()
+        .enumerate()
+        .map(|(i, (loc, raw))| (loc, decode_record(format, &raw, first + i)))
+        .collect()
+}
+
+/// Records with the keys of `columns` renamed (`{expected: found}`): the
+/// file's `found` column is read as `expected`.
+pub(super) fn rename<'a>(
+    raws: Vec<(Loc, Raw<'a>)>,
+    columns: &BTreeMap<String, String>,
+) -> Vec<(Loc, Raw<'a>)> {
+    if columns.is_empty() {
+        return raws;
+    }
+    raws.into_iter()
+        .map(|(loc, raw)| match raw.as_object() {
+            Some(mut map) => {
+                for (want, found) in columns {
+                    if let Some(v) = map.remove(found) {
+                        map.insert(want.clone(), v);
+                    }
+                }
+                (loc, Raw::Element(Value::Object(map)))
+            }
+            None => (loc, raw),
+        })
+        .collect()
+}
+
+/// The keys a record of `format` must have (what a column mapping must
+/// provide), for the error when a columnar file's schema lacks them.
+pub(super) fn required_keys(format: TaskFormat) -> &'static [&'static str] {
+    match format {
+        TaskFormat::Auto => &[],
+        TaskFormat::Jsonl => &["id", "prompt", "tests"],
+        TaskFormat::Humaneval => &["task_id", "prompt", "test", "entry_point"],
+        TaskFormat::Mbpp => &["task_id", "test_list"],
+        TaskFormat::Pricoder => &["id", "prompt", "test"],
+        TaskFormat::Apps => &["question", "input_output"],
+        TaskFormat::Codecontests => &["name", "description"],
+        TaskFormat::Livecodebench => &["question_id", "question_content", "public_test_cases"],
+        TaskFormat::Kodcode => &["question_id", "question", "test"],
+        TaskFormat::Verl => &["prompt", "reward_model"],
+    }
 }
 
 fn split_records<'a>(text: &'a str, path: &Path) -> Result<Vec<(Loc, Raw<'a>)>, TaskError> {
@@ -123,7 +195,7 @@ fn split_records<'a>(text: &'a str, path: &Path) -> Result<Vec<(Loc, Raw<'a>)>, 
             .map(|(i, v)| {
                 let loc = Loc {
                     number: i,
-                    in_array: true,
+                    unit: Unit::Index,
                 };
                 (loc, Raw::Element(v))
             })
@@ -136,7 +208,7 @@ fn split_records<'a>(text: &'a str, path: &Path) -> Result<Vec<(Loc, Raw<'a>)>, 
         .map(|(i, line)| {
             let loc = Loc {
                 number: i + 1,
-                in_array: false,
+                unit: Unit::Line,
             };
             (loc, Raw::Line(line))
         })
@@ -145,7 +217,7 @@ fn split_records<'a>(text: &'a str, path: &Path) -> Result<Vec<(Loc, Raw<'a>)>, 
 
 /// Picks the format from the keys of the first record that is a JSON object,
 /// so one malformed leading line does not defeat detection under `skip_invalid`.
-fn detect(raws: &[(Loc, Raw<'_>)], path: &Path) -> Result<TaskFormat, TaskError> {
+pub(super) fn detect(raws: &[(Loc, Raw<'_>)], path: &Path) -> Result<TaskFormat, TaskError> {
     let unknown = |reason: String| TaskError::UnknownFormat {
         path: path.to_path_buf(),
         reason,
@@ -171,19 +243,28 @@ fn detect(raws: &[(Loc, Raw<'_>)], path: &Path) -> Result<TaskFormat, TaskError>
         TaskFormat::Mbpp
     } else if has("api_list") || (has("id") && has("task") && has("test")) {
         TaskFormat::Pricoder
+    } else if let Some(f) = super::contest::detect(has) {
+        f
     } else {
         let found: Vec<&str> = keys.keys().map(String::as_str).collect();
         return Err(unknown(format!(
             "the record at {} has keys {found:?}, which match no known format \
              (jsonl: tests; humaneval: task_id/test/entry_point; \
-             mbpp: test_list; pricoder: id/task/test/api_list); set the format explicitly",
+             mbpp: test_list; pricoder: id/task/test/api_list; apps: question/input_output; \
+             codecontests: description/public_tests; livecodebench: question_content/public_test_cases; \
+             kodcode: question_id/solution/test; verl: prompt/reward_model); set the format explicitly \
+             or map the columns with [tasks.columns]",
             loc.label()
         )));
     };
     Ok(format)
 }
 
-fn decode_record(format: TaskFormat, raw: &Raw<'_>) -> Result<Task, String> {
+fn decode_record(format: TaskFormat, raw: &Raw<'_>, ordinal: usize) -> Result<Task, String> {
+    let object = || {
+        raw.as_object()
+            .ok_or_else(|| "the record is not a JSON object".to_owned())
+    };
     let (mut task, mapped) = match format {
         TaskFormat::Jsonl => return raw.decode::<Task>().map_err(extra_hint),
         TaskFormat::Humaneval => (
@@ -193,6 +274,11 @@ fn decode_record(format: TaskFormat, raw: &Raw<'_>) -> Result<Task, String> {
         ),
         TaskFormat::Mbpp => (raw.decode::<MbppRecord>()?.into_task()?, MBPP_KEYS),
         TaskFormat::Pricoder => (raw.decode::<PricoderRecord>()?.into_task()?, PRICODER_KEYS),
+        TaskFormat::Apps => contest::apps(&object()?, ordinal)?,
+        TaskFormat::Codecontests => contest::codecontests(&object()?)?,
+        TaskFormat::Livecodebench => contest::livecodebench(&object()?)?,
+        TaskFormat::Kodcode => contest::kodcode(&object()?)?,
+        TaskFormat::Verl => contest::verl(&object()?, ordinal)?,
         // `parse` resolves Auto before decoding.
         TaskFormat::Auto => unreachable!("format resolved before decoding"),
     };
@@ -200,6 +286,7 @@ fn decode_record(format: TaskFormat, raw: &Raw<'_>) -> Result<Task, String> {
     // `challenge_test_list`, HumanEval+'s `plus_input`, a user's own
     // columns) reaches reward terms as columns, as in a dataset.
     if let Some(map) = raw.as_object() {
+        let own = std::mem::take(&mut task.extra);
         task.extra = map
             .into_iter()
             .filter(|(k, _)| !mapped.contains(&k.as_str()))
@@ -211,6 +298,7 @@ fn decode_record(format: TaskFormat, raw: &Raw<'_>) -> Result<Task, String> {
                 };
                 (k, v)
             })
+            .chain(own)
             .collect();
     }
     Ok(task)
@@ -294,6 +382,7 @@ impl HumanEvalRecord {
             test_setup: None,
             prelude: leading_imports(&lf(&self.prompt)),
             extra: Default::default(),
+            ..Default::default()
         }
     }
 }
@@ -381,6 +470,7 @@ impl MbppRecord {
             // MBPP's prompt is prose; its tests' imports are `test_setup`.
             prelude: None,
             extra: Default::default(),
+            ..Default::default()
         })
     }
 }
@@ -549,6 +639,7 @@ impl PricoderRecord {
             prelude: test_setup.clone(),
             test_setup,
             extra: Default::default(),
+            ..Default::default()
         })
     }
 }

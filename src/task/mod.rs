@@ -1,6 +1,8 @@
 //! Tasks: the `Task` record every later stage consumes, and `TaskSet::load`,
 //! which reads our own JSONL plus the public benchmark formats (HumanEval,
-//! MBPP full and sanitized, PriCoder's NumbaEval/NdonnxEval) into it.
+//! MBPP full and sanitized, PriCoder's NumbaEval/NdonnxEval) and the
+//! code-RL data formats (APPS/TACO, CodeContests, LiveCodeBench, KodCode,
+//! verl rows; `contest`) into it.
 //!
 //! Loading is strict by default: a malformed record is an error naming the
 //! file, the 1-based line (the array index for JSON-array files) and the
@@ -8,6 +10,8 @@
 //! `TaskSet::skipped`, never dropped silently. The per-format mapping lives in
 //! `formats`; `docs/tasks.md` documents it for users.
 
+mod columnar;
+mod contest;
 mod formats;
 
 use std::collections::{BTreeMap, HashMap};
@@ -67,7 +71,7 @@ pub enum TaskError {
 #[derive(Debug, Clone, Default)]
 pub struct Selection<'a> {
     pub format: TaskFormat,
-    pub skip_invalid: bool,
+    pub load: LoadOptions,
     pub tags: &'a [String],
     pub max_tasks: usize,
     /// Who asked (`[tasks]`, `[eval]`), for the error when nothing is left.
@@ -84,24 +88,63 @@ pub enum TaskKind {
     /// Python that launches CUDA kernels through `numba.cuda` (needs a GPU or
     /// the CUDA simulator).
     NumbaCuda,
+    /// A whole program that reads stdin and writes stdout (competitive
+    /// programming): each test is its stdin, with the expected stdout in
+    /// [`Task::outputs`].
+    Stdio,
 }
 
 impl TaskKind {
-    /// The name task files use (`python`, `numba_cuda`).
+    /// The name task files use (`python`, `numba_cuda`, `stdio`).
     pub fn name(self) -> &'static str {
         match self {
             TaskKind::Python => "python",
             TaskKind::NumbaCuda => "numba_cuda",
+            TaskKind::Stdio => "stdio",
         }
+    }
+}
+
+/// How a program task's output is compared with the expected output.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Checker {
+    /// APPS / LiveCodeBench: the outputs, stripped, line by line (each
+    /// line stripped); lines that differ as text match when their
+    /// whitespace-separated tokens do, a token matching when the two are
+    /// equal or both are numbers within `1e-8 + 1e-5·|expected|`.
+    #[default]
+    Tokens,
+    /// Line by line after stripping, as text only.
+    Lines,
+    /// Byte for byte.
+    Exact,
+}
+
+impl Checker {
+    /// The name task files use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Checker::Tokens => "tokens",
+            Checker::Lines => "lines",
+            Checker::Exact => "exact",
+        }
+    }
+
+    fn is_default(&self) -> bool {
+        *self == Checker::Tokens
     }
 }
 
 /// One programming task with its unit tests.
 ///
-/// The program that checks one test is: `prelude` (if any), the candidate
-/// solution, then `test_setup` (if any), then that one entry of `tests`. Each test snippet is
-/// independent of the others, so per-test pass counts are meaningful.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// For function tasks (`python`, `numba_cuda`) the program that checks one
+/// test is: `prelude` (if any), the candidate solution, then `test_setup` (if
+/// any), then that one entry of `tests`. Each test snippet is independent of
+/// the others, so per-test pass counts are meaningful. For program tasks
+/// (`stdio`) each entry of `tests` is one run's stdin and the same entry of
+/// `outputs` what it must print.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Task {
     /// Unique within a task set, e.g. `mbpp/11`, `HumanEval/0`.
@@ -109,10 +152,27 @@ pub struct Task {
     /// What the model is given: a problem statement (MBPP) or a function
     /// signature with docstring (HumanEval, PriCoder).
     pub prompt: String,
-    /// Name of the function under test.
+    /// Name of the function under test (empty for program tasks).
+    #[serde(default)]
     pub entry_point: String,
-    /// Independent test snippets, each runnable after the solution and `test_setup`.
+    /// Independent test snippets, each runnable after the solution and
+    /// `test_setup`; for program tasks, each test's stdin.
     pub tests: Vec<String>,
+    /// For program tasks: the expected stdout of each test, in the order of
+    /// `tests`. Never sent into the sandbox: the comparison is the trusted side's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<String>,
+    /// For program tasks: how `outputs` are compared.
+    #[serde(default, skip_serializing_if = "Checker::is_default")]
+    pub checker: Checker,
+    /// The time limit of one test in milliseconds, measured on `[exec]
+    /// clock` (default: `[exec] timeout_s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_ms: Option<u64>,
+    /// The memory (address-space) limit of one test in MiB (default:
+    /// `[exec] memory_mb`; a task can only lower it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit_mb: Option<u64>,
     /// How the solution is run.
     #[serde(default)]
     pub kind: TaskKind,
@@ -149,6 +209,10 @@ pub const RESERVED_EXTRA_KEYS: &[&str] = &[
     "prompt",
     "entry_point",
     "tests",
+    "outputs",
+    "checker",
+    "time_limit_ms",
+    "memory_limit_mb",
     "kind",
     "canonical_solution",
     "docs",
@@ -172,6 +236,27 @@ impl Task {
         if self.id.trim().is_empty() {
             return Err("`id` is empty".to_owned());
         }
+        if self.kind == TaskKind::Stdio {
+            return self.validate_program();
+        }
+        if !self.outputs.is_empty() {
+            return Err(format!(
+                "`outputs` is only for program tasks, and this one has kind {:?}; \
+                 set \"kind\": \"stdio\" if its tests are stdin inputs",
+                self.kind.name()
+            ));
+        }
+        if self.memory_limit_mb.is_some() {
+            return Err(
+                "`memory_limit_mb` is only for program tasks (kind \"stdio\"); function tasks run under [exec] memory_mb".to_owned(),
+            );
+        }
+        if self.entry_point.is_empty() {
+            return Err(
+                "missing field `entry_point`: a function task names the function its tests call"
+                    .to_owned(),
+            );
+        }
         if !is_python_identifier(&self.entry_point) {
             return Err(format!(
                 "`entry_point` {:?} is not a Python identifier",
@@ -184,6 +269,39 @@ impl Task {
         if let Some(i) = self.tests.iter().position(|t| t.trim().is_empty()) {
             return Err(format!("`tests[{i}]` is empty"));
         }
+        self.validate_common()
+    }
+
+    fn validate_program(&self) -> Result<(), String> {
+        if self.tests.is_empty() {
+            return Err(
+                "`tests` is empty; a program task needs at least one (stdin, output) pair"
+                    .to_owned(),
+            );
+        }
+        if self.tests.len() != self.outputs.len() {
+            return Err(format!(
+                "{} test inputs but {} `outputs`; a program task needs one expected output per input",
+                self.tests.len(),
+                self.outputs.len()
+            ));
+        }
+        if !self.entry_point.is_empty() && !is_python_identifier(&self.entry_point) {
+            return Err(format!(
+                "`entry_point` {:?} is not a Python identifier",
+                self.entry_point
+            ));
+        }
+        self.validate_common()
+    }
+
+    fn validate_common(&self) -> Result<(), String> {
+        if self.time_limit_ms == Some(0) {
+            return Err("`time_limit_ms` is 0".to_owned());
+        }
+        if self.memory_limit_mb == Some(0) {
+            return Err("`memory_limit_mb` is 0".to_owned());
+        }
         if let Some(k) = self
             .extra
             .keys()
@@ -194,6 +312,20 @@ impl Task {
             ));
         }
         Ok(())
+    }
+
+    /// Test `i` as a model is shown it: the assert for a function task;
+    /// stdin and the expected stdout for a program task.
+    pub fn shown_test(&self, i: usize) -> String {
+        let input = self.tests.get(i).map_or("", String::as_str);
+        match self.outputs.get(i) {
+            Some(out) if self.kind == TaskKind::Stdio => format!(
+                "# input\n{}\n# expected output\n{}",
+                input.trim_end(),
+                out.trim_end()
+            ),
+            _ => input.trim_end().to_owned(),
+        }
     }
 }
 
@@ -206,10 +338,26 @@ pub fn is_python_identifier(s: &str) -> bool {
 }
 
 /// Options for [`TaskSet::load`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoadOptions {
     /// Skip malformed records (recording them in [`TaskSet::skipped`]) instead of failing.
     pub skip_invalid: bool,
+    /// Column renames, `{expected key: the file's key}` (`[tasks.columns]`).
+    pub columns: BTreeMap<String, String>,
+    /// In a directory, read only the data files of this split (`train`,
+    /// `test`, ...: a file named `SPLIT.*`, `SPLIT-*`, `*-SPLIT.*`,
+    /// `*-SPLIT-*`, or one under a directory `SPLIT`).
+    pub split: Option<String>,
+}
+
+impl LoadOptions {
+    /// Strict or skipping, with no renames and every split.
+    pub fn skipping(skip_invalid: bool) -> Self {
+        LoadOptions {
+            skip_invalid,
+            ..LoadOptions::default()
+        }
+    }
 }
 
 /// A record that was skipped under `skip_invalid`.
@@ -219,6 +367,34 @@ pub struct SkippedRecord {
     pub line: usize,
     /// Why it was skipped.
     pub reason: String,
+}
+
+impl SkippedRecord {
+    /// The kind of reason, for counting: the reason without its location,
+    /// quoted values and parenthesised detail, numbers as `N`.
+    pub fn category(&self) -> String {
+        let mut r = self.reason.as_str();
+        for unit in ["array index ", "row "] {
+            if let Some(rest) = r.strip_prefix(unit) {
+                r = rest.split_once(": ").map_or(rest, |(_, after)| after);
+            }
+        }
+        let cut = r.find(['"', '(']).unwrap_or(r.len());
+        let mut out = String::new();
+        let mut in_digits = false;
+        for c in r[..cut].chars() {
+            if c.is_ascii_digit() {
+                if !in_digits {
+                    out.push('N');
+                }
+                in_digits = true;
+            } else {
+                in_digits = false;
+                out.push(c);
+            }
+        }
+        out.trim_end_matches([' ', ':', ';', ',']).to_owned()
+    }
 }
 
 /// The tasks read from one file, in file order.
@@ -231,9 +407,14 @@ pub struct TaskSet {
 }
 
 impl TaskSet {
-    /// Reads a task file. `TaskFormat::Auto` detects the format from the first
-    /// record's keys (see `docs/tasks.md`); gzip files are refused with a hint.
+    /// Reads a task file: JSON lines or a JSON array, a `.parquet` or `.arrow`
+    /// file, or a directory of them (a parquet export, an HF `datasets`
+    /// cache). `TaskFormat::Auto` detects the format from the first record's
+    /// keys (see `docs/tasks.md`); gzip files are refused with a hint.
     pub fn load(path: &Path, format: TaskFormat, opts: LoadOptions) -> Result<Self, TaskError> {
+        if columnar::is_columnar(path) {
+            return columnar::load(path, format, &opts);
+        }
         let bytes = std::fs::read(path).map_err(|source| TaskError::Io {
             path: path.to_path_buf(),
             source,
@@ -277,43 +458,12 @@ impl TaskSet {
         opts: LoadOptions,
     ) -> Result<Self, TaskError> {
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        let records = formats::parse(text, path, format)?;
-        let mut set = TaskSet::default();
-        let mut first_seen: HashMap<String, String> = HashMap::new();
-        for (line, record) in records {
-            let result = record.and_then(|task| {
-                task.validate()?;
-                if let Some(first) = first_seen.get(&task.id) {
-                    return Err(format!(
-                        "duplicate id {:?} (first seen at {first})",
-                        task.id
-                    ));
-                }
-                Ok(task)
-            });
-            match result {
-                Ok(task) => {
-                    first_seen.insert(task.id.clone(), line.label());
-                    set.tasks.push(task);
-                }
-                Err(reason) => {
-                    let reason = line.describe(reason);
-                    if opts.skip_invalid {
-                        set.skipped.push(SkippedRecord {
-                            line: line.number,
-                            reason,
-                        });
-                    } else {
-                        return Err(TaskError::Invalid {
-                            path: path.to_path_buf(),
-                            line: line.number,
-                            reason,
-                        });
-                    }
-                }
-            }
+        let records = formats::parse(text, path, format, &opts.columns)?;
+        let mut b = Builder::new(path, &opts);
+        for (loc, record) in records {
+            b.push(loc, record)?;
         }
-        Ok(set)
+        Ok(b.set)
     }
 
     /// The tasks as our own JSONL (one object per line), loadable with
@@ -370,13 +520,7 @@ impl TaskSet {
 
     /// The tasks of `path` that `sel` selects; an error when none is left.
     pub fn load_selected(path: &Path, sel: &Selection) -> Result<TaskSet, TaskError> {
-        let all = TaskSet::load(
-            path,
-            sel.format,
-            LoadOptions {
-                skip_invalid: sel.skip_invalid,
-            },
-        )?;
+        let all = TaskSet::load(path, sel.format, sel.load.clone())?;
         let mut set = all.with_any_tag(sel.tags);
         if sel.max_tasks > 0 {
             set.tasks.truncate(sel.max_tasks);
@@ -395,6 +539,60 @@ impl TaskSet {
     /// Iterates over the tasks in file order.
     pub fn iter(&self) -> std::slice::Iter<'_, Task> {
         self.tasks.iter()
+    }
+}
+
+/// Collects decoded records into a set: checks each task, refuses duplicate
+/// ids, and fails on or skips the invalid ones.
+struct Builder<'a> {
+    set: TaskSet,
+    first_seen: HashMap<String, String>,
+    path: &'a Path,
+    skip_invalid: bool,
+}
+
+impl<'a> Builder<'a> {
+    fn new(path: &'a Path, opts: &LoadOptions) -> Self {
+        Builder {
+            set: TaskSet::default(),
+            first_seen: HashMap::new(),
+            path,
+            skip_invalid: opts.skip_invalid,
+        }
+    }
+
+    fn push(&mut self, loc: formats::Loc, record: Result<Task, String>) -> Result<(), TaskError> {
+        let result = record.and_then(|task| {
+            task.validate()?;
+            if let Some(first) = self.first_seen.get(&task.id) {
+                return Err(format!(
+                    "duplicate id {:?} (first seen at {first})",
+                    task.id
+                ));
+            }
+            Ok(task)
+        });
+        match result {
+            Ok(task) => {
+                self.first_seen.insert(task.id.clone(), loc.label());
+                self.set.tasks.push(task);
+            }
+            Err(reason) => {
+                let reason = loc.describe(reason);
+                if !self.skip_invalid {
+                    return Err(TaskError::Invalid {
+                        path: self.path.to_path_buf(),
+                        line: loc.number,
+                        reason,
+                    });
+                }
+                self.set.skipped.push(SkippedRecord {
+                    line: loc.number,
+                    reason,
+                });
+            }
+        }
+        Ok(())
     }
 }
 

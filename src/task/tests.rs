@@ -30,7 +30,7 @@ fn load_str(text: &str, format: TaskFormat, skip_invalid: bool) -> Result<TaskSe
         text,
         Path::new("inline.jsonl"),
         format,
-        LoadOptions { skip_invalid },
+        LoadOptions::skipping(skip_invalid),
     )
 }
 
@@ -259,6 +259,7 @@ fn sample_task(id: &str) -> Task {
         test_setup: None,
         prelude: None,
         extra: Default::default(),
+        ..Default::default()
     }
 }
 

@@ -338,7 +338,7 @@ pub fn train_tasks(cfg: &RunConfig) -> Result<TaskSet, TrainError> {
         path,
         &Selection {
             format: cfg.tasks.format,
-            skip_invalid: cfg.tasks.skip_invalid,
+            load: cfg.tasks.load_options(),
             tags: &cfg.tasks.tags,
             max_tasks: 0,
             what: "[tasks]",
