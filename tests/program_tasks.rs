@@ -451,3 +451,69 @@ fn falcon_trains_on_program_tasks_and_p_error_counts_their_verdicts() {
         assert!(p.get(&k).is_some_and(|&x| x > 0.0), "{k:?}: {p:?}");
     }
 }
+
+#[test]
+fn evalplus_tasks_get_base_and_plus_tests_from_their_canonical_solutions() {
+    use falcon_rl::eval::plus;
+    let cache = crate::common::tmpdir();
+    std::env::set_var("FALCON_CACHE", cache.path());
+    let sb = Sandbox::new(&cfg(65060)).unwrap_or_else(|e| panic!("{e}"));
+    let mut he = load("humanevalplus.jsonl");
+    let mut mbpp = load("mbppplus.jsonl");
+    assert!(plus::needs_expansion(&he) && plus::needs_expansion(&mbpp));
+    assert_eq!(plus::expand(&mut he, &sb).unwrap(), 3);
+    assert_eq!(plus::expand(&mut mbpp, &sb).unwrap(), 1);
+    assert!(!plus::needs_expansion(&he), "expanded once");
+    let base = |t: &Task| t.extra[plus::BASE_TESTS_KEY].as_u64().unwrap();
+    // 1 base + 4 plus inputs (one plus test); 2 base + 31 plus (two tests);
+    // 1 base + 2 plus, the input the canonical solution raises on left out.
+    let shape: Vec<(u64, usize)> = he.iter().map(|t| (base(t), t.tests.len())).collect();
+    assert_eq!(shape, [(1, 2), (2, 4), (1, 2)]);
+    assert_eq!(he.tasks[2].tests[1].lines().count(), 2);
+    assert!(he.tasks[1].tests[2].contains("assert _plus_equal(sort_unique([]), [], 0.0)"));
+    assert_eq!((base(&mbpp.tasks[0]), mbpp.tasks[0].tests.len()), (1, 2));
+    // Every canonical solution passes everything.
+    for t in he.iter().chain(mbpp.iter()) {
+        let r = sb.run(t, t.canonical_solution.as_deref().unwrap());
+        assert_eq!(verdict(&r), "pass", "{}: {r:?}", t.id);
+        assert_eq!(plus::base_passed(t, &r), Some(true));
+    }
+    // `atol` holds: another way to the decimal part differs in the last bits.
+    let r = sb.run(
+        &he.tasks[0],
+        "def truncate_number(number):\n    return number - int(number)\n",
+    );
+    assert_eq!(verdict(&r), "pass", "{r:?}");
+    // Right on the base inputs, wrong on a plus one: base passes, plus fails.
+    let sloppy = "def sort_unique(xs):\n    return [] if 5 in xs else sorted(set(xs))\n";
+    let r = sb.run(&he.tasks[1], sloppy);
+    assert_eq!(
+        (plus::base_passed(&he.tasks[1], &r), r.outcome),
+        (Some(true), Some(RewardClass::Failure)),
+        "{r:?}"
+    );
+    // The expected values are cached: a second load runs nothing new and
+    // gives the same tests.
+    let files = std::fs::read_dir(cache.path().join("evalplus"))
+        .unwrap()
+        .count();
+    assert_eq!(files, 4);
+    let mut again = load("humanevalplus.jsonl");
+    plus::expand(&mut again, &sb).unwrap();
+    assert_eq!(again.tasks, he.tasks);
+    // Base and plus pass@1 side by side.
+    let results: Vec<falcon_rl::eval::TaskResult> = [(1, Some(1)), (0, Some(1)), (0, Some(0))]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (passed, base_passed))| falcon_rl::eval::TaskResult {
+            id: format!("t{i}"),
+            n: 1,
+            passed,
+            executed: 1,
+            samples: Vec::new(),
+            base_passed,
+        })
+        .collect();
+    let b = plus::base_pass_at(&results, &[1]);
+    assert!((b["1"] - 2.0 / 3.0).abs() < 1e-12, "{b:?}");
+}

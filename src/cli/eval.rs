@@ -181,6 +181,13 @@ fn out_lock(out: &Path, args: LockArgs) -> Result<Option<falcon_rl::fsutil::lock
 
 /// pass@k and exec@k on stdout, then [`eprint_details`].
 fn print_summary(result: &EvalResult) {
+    // EvalPlus's two figures side by side: base tests, then base + plus.
+    for (k, v) in &result.base_pass_at {
+        println!("base pass@{k}\t{:.4}", v);
+    }
+    if !result.base_pass_at.is_empty() {
+        eprintln!("(HumanEval+/MBPP+ tasks: pass@k below counts base and plus tests, EvalPlus's \"plus\")");
+    }
     for (k, v) in &result.pass_at {
         println!("pass@{k}\t{:.4}", v);
     }
@@ -269,9 +276,10 @@ fn rescore_result(result: &Path, config: &Path, out: &Path) -> Result<()> {
     }
     let old = EvalResult::load(result).map_err(usage)?;
     let cfg = RunConfig::load(config).map_err(usage)?;
-    let tasks = eval_tasks(&cfg).map_err(eval_error)?;
-    let list: Vec<&falcon_rl::task::Task> = tasks.iter().collect();
+    let mut tasks = eval_tasks(&cfg).map_err(eval_error)?;
     let sandbox = Sandbox::new(&cfg.exec)?;
+    falcon_rl::eval::plus::expand(&mut tasks, &sandbox)?;
+    let list: Vec<&falcon_rl::task::Task> = tasks.iter().collect();
     sandbox.require_modules(&list).map_err(usage)?;
     let samples: usize = old.tasks.iter().map(|t| t.samples.len()).sum();
     eprintln!(

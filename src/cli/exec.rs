@@ -84,7 +84,7 @@ pub fn run(args: ExecArgs) -> Result<()> {
         Some(f) => RunConfig::load(f).map_err(usage)?,
         None => RunConfig::default(),
     };
-    let tasks = TaskSet::load(
+    let mut tasks = TaskSet::load(
         &args.tasks,
         TaskFormat::Auto,
         LoadOptions {
@@ -98,6 +98,7 @@ pub fn run(args: ExecArgs) -> Result<()> {
         return Err(UsageError("no samples to run".into()).into());
     }
     let sandbox = Sandbox::new(&cfg.exec)?;
+    falcon_rl::eval::plus::expand(&mut tasks, &sandbox)?;
     let used: Vec<&Task> = tasks
         .iter()
         .filter(|t| samples.iter().any(|s| s.task_id == t.id))

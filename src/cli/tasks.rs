@@ -22,7 +22,8 @@ pub enum TasksCmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// Write any supported task file as falcon JSONL.
+    /// Write any supported task file as falcon JSONL (HumanEval+/MBPP+ with
+    /// their plus tests, expected values computed in the sandbox).
     Convert {
         #[command(flatten)]
         input: Input,
@@ -92,7 +93,14 @@ pub fn run(cmd: TasksCmd) -> Result<()> {
             }
         }
         TasksCmd::Convert { input, out } => {
-            let set = input.load()?;
+            let mut set = input.load()?;
+            if falcon_rl::eval::plus::needs_expansion(&set) {
+                // HumanEval+/MBPP+: the written tests carry their expected
+                // values, computed once from the canonical solutions.
+                let sandbox = falcon_rl::exec::Sandbox::new(&Default::default())?;
+                let n = falcon_rl::eval::plus::expand(&mut set, &sandbox)?;
+                println!("EvalPlus: computed the base and plus tests of {n} tasks");
+            }
             summarise(&input, &set);
             set.write_jsonl(&out)?;
             println!("wrote {} tasks to {}", set.len(), out.display());

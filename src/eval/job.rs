@@ -107,7 +107,12 @@ pub fn run(
     progress: &mut dyn Progress,
 ) -> Result<EvalResult, EvalError> {
     cfg.check(crate::config::Job::Eval)?;
-    let tasks = eval_tasks(cfg)?;
+    let mut tasks = eval_tasks(cfg)?;
+    if super::plus::needs_expansion(&tasks) {
+        let sandbox = Sandbox::new(&cfg.exec)?;
+        let n = super::plus::expand(&mut tasks, &sandbox)?;
+        progress.message(&format!("EvalPlus: base and plus tests of {n} tasks ready"));
+    }
     let list: Vec<&Task> = tasks.iter().collect();
     let server = |src: &GeneratorSource| -> Result<Option<OpenAiGenerator>, EvalError> {
         Ok(match src {

@@ -15,6 +15,7 @@
 //! from a config; plots and pages are `crate::report`'s.
 
 pub mod job;
+pub mod plus;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -159,6 +160,10 @@ pub struct TaskResult {
     /// Samples that executed (see [`SampleResult::executed`]).
     pub executed: usize,
     pub samples: Vec<SampleResult>,
+    /// EvalPlus tasks: samples that passed the base tests (`passed` counts
+    /// base and plus together, EvalPlus's "plus").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_passed: Option<usize>,
 }
 
 /// A whole evaluation.
@@ -169,6 +174,10 @@ pub struct EvalResult {
     pub pass_at: BTreeMap<String, f64>,
     /// `exec@k` by k.
     pub exec_at: BTreeMap<String, f64>,
+    /// EvalPlus's base pass@k by k over the tasks with base tests (HumanEval+,
+    /// MBPP+); `pass_at` is then the plus figure.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub base_pass_at: BTreeMap<String, f64>,
     /// Samples by outcome (`pass`, error kinds, `no_signal`).
     pub outcomes: BTreeMap<String, usize>,
     pub samples_per_task: usize,
@@ -273,6 +282,9 @@ pub enum EvalError {
     Exec(#[from] crate::exec::ExecError),
     #[error("{0}")]
     Invalid(String),
+    /// EvalPlus's expected outputs could not be computed.
+    #[error(transparent)]
+    Plus(#[from] plus::PlusError),
 }
 
 /// What to generate: the instruction, `[generation]` for token limits and
@@ -416,6 +428,7 @@ pub fn evaluate_strategy(
             passed: 0,
             executed: 0,
             samples: Vec::with_capacity(n),
+            base_passed: None,
         };
         for s in sols {
             let r = match s.report {
@@ -423,6 +436,9 @@ pub fn evaluate_strategy(
                 None => fresh.next().expect("one report per pending job"),
             };
             let (outcome, passed, executed) = scored(&r);
+            if let Some(b) = plus::base_passed(task, &r) {
+                *tr.base_passed.get_or_insert(0) += b as usize;
+            }
             tr.passed += passed as usize;
             tr.executed += executed as usize;
             tr.samples.push(SampleResult {
@@ -498,12 +514,14 @@ fn summarize(
     env: &Env,
 ) -> EvalResult {
     let (pass_at, exec_at, outcomes) = figures(&results, &eval.k);
+    let base_pass_at = plus::base_pass_at(&results, &eval.k);
     let transitions = Transitions::from_tasks(&results);
     let cuda = cuda_of(tasks, env.sandbox);
     EvalResult {
         tasks: results,
         pass_at,
         exec_at,
+        base_pass_at,
         outcomes,
         samples_per_task: eval.n,
         temperature: eval.temperature,
@@ -609,11 +627,14 @@ pub fn rescore(
     let mut reports = reports.into_iter();
     let mut changed = BTreeMap::new();
     let mut result = old.clone();
-    for t in &mut result.tasks {
-        (t.passed, t.executed) = (0, 0);
+    for (t, task) in result.tasks.iter_mut().zip(&found) {
+        (t.passed, t.executed, t.base_passed) = (0, 0, None);
         for s in &mut t.samples {
             let r = reports.next().expect("one report per sample");
             let (outcome, passed, executed) = scored(&r);
+            if let Some(b) = plus::base_passed(task, &r) {
+                *t.base_passed.get_or_insert(0) += b as usize;
+            }
             if outcome != s.outcome {
                 *changed
                     .entry((s.outcome.clone(), outcome.clone()))
@@ -634,6 +655,7 @@ pub fn rescore(
         }
     }
     (result.pass_at, result.exec_at, result.outcomes) = figures(&result.tasks, &ks);
+    result.base_pass_at = plus::base_pass_at(&result.tasks, &ks);
     if let Some(cuda) = cuda_of(&found, sandbox) {
         result.cuda = Some(cuda);
     }
@@ -830,6 +852,7 @@ mod tests {
             n: 1,
             passed: passed as usize,
             executed: 1,
+            base_passed: None,
             samples: vec![SampleResult {
                 completion: String::new(),
                 finish: None,
@@ -849,6 +872,7 @@ mod tests {
             tasks,
             pass_at: BTreeMap::new(),
             exec_at: BTreeMap::new(),
+            base_pass_at: BTreeMap::new(),
             outcomes: BTreeMap::new(),
             samples_per_task: 1,
             temperature: 0.0,

@@ -184,7 +184,7 @@ fn json_lines(s: &str) -> Result<Vec<String>, String> {
 }
 
 /// A JSON value as the Python literal that `json.loads` would give.
-pub(super) fn py_literal(v: &Value) -> String {
+pub fn py_literal(v: &Value) -> String {
     match v {
         Value::Null => "None".to_owned(),
         Value::Bool(true) => "True".to_owned(),

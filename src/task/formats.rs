@@ -237,10 +237,11 @@ pub(super) fn detect(raws: &[(Loc, Raw<'_>)], path: &Path) -> Result<TaskFormat,
     // is still read as ours and gets a "missing field" reason, not "unknown format".
     let format = if has("tests") {
         TaskFormat::Jsonl
+    } else if has("test_list") {
+        // Before HumanEval's keys: MBPP+ records carry `test` and `entry_point` too.
+        TaskFormat::Mbpp
     } else if has("task_id") && has("test") && has("entry_point") {
         TaskFormat::Humaneval
-    } else if has("test_list") {
-        TaskFormat::Mbpp
     } else if has("api_list") || (has("id") && has("task") && has("test")) {
         TaskFormat::Pricoder
     } else if let Some(f) = super::contest::detect(has) {
@@ -319,6 +320,7 @@ const MBPP_KEYS: &[&str] = &[
     "test_list",
     "test_setup_code",
     "test_imports",
+    "entry_point",
 ];
 const PRICODER_KEYS: &[&str] = &["id", "prompt", "canonical_solution", "test", "api_list"];
 
@@ -422,6 +424,9 @@ struct MbppRecord {
     test_setup_code: Option<String>,
     #[serde(default)]
     test_imports: Vec<String>,
+    /// MBPP+ (EvalPlus) names it; Google's files do not.
+    #[serde(default)]
+    entry_point: Option<String>,
 }
 
 /// MBPP's published split by task id (mbpp/README.md; the HF dataset uses the same ranges).
@@ -454,7 +459,10 @@ impl MbppRecord {
         let tests: Vec<String> = self.test_list.iter().map(|t| lf(t)).collect();
         let code = non_empty(self.code.as_deref());
         let first = tests.first().ok_or("`test_list` is empty")?;
-        let entry_point = mbpp_entry_point(first, code.as_deref())?;
+        let entry_point = match self.entry_point.filter(|e| !e.is_empty()) {
+            Some(e) => e,
+            None => mbpp_entry_point(first, code.as_deref())?,
+        };
         let mut setup: Vec<String> = self.test_imports.iter().map(|s| lf(s)).collect();
         setup.extend(non_empty(self.test_setup_code.as_deref()));
         Ok(Task {

@@ -14,6 +14,8 @@ mod columnar;
 mod contest;
 mod formats;
 
+pub use contest::py_literal;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 

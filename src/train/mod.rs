@@ -402,9 +402,9 @@ pub fn load(cfg: &RunConfig, job: Job, observer: &mut dyn Observer) -> Result<Lo
             launch.master_port
         ));
     }
-    let tasks = train_tasks(cfg)?;
+    let mut tasks = train_tasks(cfg)?;
     let t = &cfg.train;
-    let eval_tasks = if t.eval_before || t.eval_after || t.eval_every > 0 {
+    let mut eval_tasks = if t.eval_before || t.eval_after || t.eval_every > 0 {
         Some(crate::eval::eval_tasks(cfg).map_err(|e| match e {
             crate::eval::EvalError::Task(e) => TrainError::Task(e),
             e => TrainError::Eval(e),
@@ -421,6 +421,10 @@ pub fn load(cfg: &RunConfig, job: Job, observer: &mut dyn Observer) -> Result<Lo
     let mut policy = opened.policy;
     prepare_policy(cfg, &mut policy)?;
     let sandbox = Sandbox::new(&rank_exec(&cfg.exec, &dist))?;
+    for set in std::iter::once(&mut tasks).chain(eval_tasks.as_mut()) {
+        crate::eval::plus::expand(set, &sandbox)
+            .map_err(|e| TrainError::Eval(crate::eval::EvalError::Plus(e)))?;
+    }
     let all: Vec<&crate::task::Task> = tasks
         .iter()
         .chain(eval_tasks.iter().flat_map(|e| e.iter()))
