@@ -517,3 +517,63 @@ fn evalplus_tasks_get_base_and_plus_tests_from_their_canonical_solutions() {
     let b = plus::base_pass_at(&results, &[1]);
     assert!((b["1"] - 2.0 / 3.0).abs() < 1e-12, "{b:?}");
 }
+
+/// The local pool runs a sample's tests in turn in one candidate process;
+/// what one test does to that process or its directory stays that test's.
+#[test]
+fn tests_sharing_a_process_keep_their_own_verdicts() {
+    let sb = Sandbox::new(&cfg(65070)).unwrap_or_else(|e| panic!("{e}"));
+    let mut task = sum_task();
+    task.tests = vec![
+        "1 2\n".into(),
+        "0 0\n".into(),
+        "7 8\n".into(),
+        "2 2\n".into(),
+    ];
+    task.outputs = vec!["3\n".into(), "0\n".into(), "15\n".into(), "4\n".into()];
+    let statuses = |code: &str| -> Vec<String> {
+        let r = sb.run(&task, code);
+        assert!(r.no_signal.is_none(), "{r:?}");
+        r.tests
+            .iter()
+            .map(|t| match &t.status {
+                TestStatus::Pass => "pass".to_owned(),
+                TestStatus::Fail => "fail".to_owned(),
+                TestStatus::Error { kind, .. } => kind.name().to_owned(),
+            })
+            .collect()
+    };
+    let sum = "a, b = map(int, input().split())\n";
+    // Test 1 hangs; the tests after it run in a fresh process.
+    assert_eq!(
+        statuses(&format!("{sum}while a == 0:\n    pass\nprint(a + b)\n")),
+        ["pass", "Timeout", "pass", "pass"]
+    );
+    // os._exit after printing: the output counts, the next test still runs.
+    assert_eq!(
+        statuses(&format!(
+            "import os, sys\n{sum}print(a + b)\nsys.stdout.flush()\nos._exit(0)\n"
+        )),
+        ["pass", "pass", "pass", "pass"]
+    );
+    // Removing the files of earlier and later tests, or planting links where
+    // outputs go, changes nothing for them: a test's output is read before
+    // the next one starts, and each test's files are made afresh.
+    let vandal = format!(
+        "import os\n{sum}mine = (os.fstat(1).st_ino, os.fstat(2).st_ino)\nfor f in os.listdir('.'):\n    if f.startswith(('in', 'out', 'err')) and os.stat(f).st_ino not in mine:\n        os.remove(f)\n        os.symlink('/etc/passwd', f)\nprint(a + b)\n"
+    );
+    assert_eq!(statuses(&vandal), ["pass", "pass", "pass", "pass"]);
+    // Closing its report pipe and running on is still held to the time limit.
+    let closer =
+        format!("import os\n{sum}print(a + b, flush=True)\nos.close(3)\nwhile a == 0:\n    pass\n");
+    assert_eq!(statuses(&closer), ["pass", "Timeout", "pass", "pass"]);
+    // State left by one test is the program's own: a module-level counter
+    // restarts with each test, as `python main.py` would.
+    let counter = format!("import builtins\n{sum}n = getattr(builtins, 'seen', 0)\nbuiltins.seen = n + 1\nprint(a + b + (1 if n > 0 and a == 7 else 0))\n");
+    let s = statuses(&counter);
+    assert_eq!(s[..2], ["pass", "pass"]);
+    assert_eq!(
+        s[2], "fail",
+        "a process shared by tests leaks builtins: {s:?}"
+    );
+}

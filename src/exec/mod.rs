@@ -476,6 +476,65 @@ impl Sandbox {
         }
     }
 
+    /// Runs one program on each of `stdins` in the local pool, the tests in
+    /// turn in one candidate process (a new one after a test that ends it),
+    /// as LiveCodeBench's runner does; `None` on a remote backend, whose
+    /// protocol runs one script per call.
+    pub(crate) fn run_programs(
+        &self,
+        code: &str,
+        stdins: &[String],
+        timeout: f64,
+        memory_mb: Option<u64>,
+    ) -> Option<Result<Vec<ScriptRun>, ScriptError>> {
+        let pool = match &self.backend {
+            Backend::Local(pool) => pool,
+            Backend::Remote(_) => return None,
+        };
+        let cfg = &self.cfg;
+        let wall = cfg.wall_limit_for(timeout, cfg.clock);
+        let out_cap = cfg.output_bytes.max(SCRIPT_OUTPUT_BYTES);
+        let job = script::ProgramsJob {
+            programs: code,
+            stdins,
+            timeout,
+            clock: cfg.clock,
+            wall,
+            out_cap,
+            address_space: memory_mb.map_or(0, |m| m.max(16) << 20),
+        };
+        let body = match serde_json::to_vec(&job) {
+            Ok(b) => b,
+            Err(e) => return Some(Err(ScriptError::Sandbox(e.to_string()))),
+        };
+        let budget = Duration::from_secs_f64((wall + 2.0) * stdins.len() as f64 + 12.0);
+        let cap = stdins.len() * (out_cap * 8 + 4096) + (1 << 20);
+        let attempt = |fresh: bool| {
+            pool.with_worker(fresh, |w| {
+                let bytes = w.call(&body, Instant::now() + budget, cap)?;
+                serde_json::from_slice::<script::WireProgramsReply>(&bytes)
+                    .map_err(|e| format!("malformed worker reply: {e}"))
+            })
+        };
+        let never_ran = |r: &Result<script::WireProgramsReply, String>| matches!(r, Err(e) if pool::never_ran(e));
+        Some(match once_more(attempt, never_ran) {
+            Ok(script::WireProgramsReply {
+                programs: Some(runs),
+                ..
+            }) if runs.len() == stdins.len() => Ok(runs),
+            Ok(script::WireProgramsReply {
+                script_error: Some(e),
+                ..
+            }) => Err(ScriptError::Sandbox(format!("sandbox: {e}"))),
+            Ok(r) => Err(ScriptError::Sandbox(format!(
+                "sandbox: {}",
+                r.no_signal
+                    .unwrap_or_else(|| "a programs reply that does not fit the job".into())
+            ))),
+            Err(e) => Err(ScriptError::Sandbox(format!("sandbox: {e}"))),
+        })
+    }
+
     /// Checks, before any sample runs, that the sandbox's interpreter can
     /// import every module `tasks` need ([`required_modules`]): a task kind
     /// whose imports fail would otherwise score every sample as a runtime

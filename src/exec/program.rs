@@ -1,10 +1,12 @@
 //! Program tasks (`kind = "stdio"`): the candidate is a whole program, run
-//! once per test with that test's stdin as a [`Script`], and its stdout is
-//! judged here, on the trusted side, against the task's expected output. The
-//! expected outputs never enter the sandbox, so no program can read or
-//! forge them. Every backend runs the scripts (the local pool, `falcon
-//! sandbox serve` and SandboxFusion's `run_code`, one call per test as verl
-//! does), so the verdict is the same everywhere.
+//! once per test with that test's stdin, and its stdout is judged here, on
+//! the trusted side, against the task's expected output. The expected
+//! outputs never enter the sandbox, so no program can read or forge them.
+//! The local pool runs a sample's tests in one job, in turn in one candidate
+//! process (as LiveCodeBench's and verl's runners do; a fresh process after
+//! a test that ends it); a remote backend (`falcon sandbox serve`,
+//! SandboxFusion's `run_code`) runs one [`Script`] per test, as verl calls
+//! SandboxFusion. The verdicts are the same.
 //!
 //! The comparison is APPS's and LiveCodeBench's ([`Checker`]); a wrong
 //! answer's report says where the output first differs.
@@ -32,37 +34,50 @@ pub(crate) fn run(sandbox: &Sandbox, task: &Task, code: &str) -> ExecReport {
     let memory_mb = task.memory_limit_mb.map(|m| m.min(cfg.memory_mb));
     let mut tests = Vec::with_capacity(task.tests.len());
     let mut notes = String::new();
-    for (i, (stdin, expected)) in task.tests.iter().zip(&task.outputs).enumerate() {
-        // A program that does not compile fails every test alike.
-        if let Some(first) = tests.first().filter(|_| i > 0).and_then(compile_error) {
-            tests.push(TestResult { index: i, ..first });
-            continue;
-        }
-        let script = Script {
-            code: code.to_owned(),
-            stdin: stdin.clone(),
-            timeout_s: Some(timeout_s),
-            memory_mb,
-            ..Script::default()
-        };
-        let run = match sandbox.run_script(&script) {
-            Ok(run) => run,
-            Err(ScriptError::BadRequest(e) | ScriptError::Sandbox(e)) => {
-                return ExecReport::no_signal(format!("test {i}: {e}"));
-            }
-        };
-        let mut run = run;
-        let cap = cfg.output_bytes.max(super::SCRIPT_OUTPUT_BYTES);
+    let cap = cfg.output_bytes.max(super::SCRIPT_OUTPUT_BYTES);
+    let mut push = |i: usize, mut run: ScriptRun, tests: &mut Vec<TestResult>| {
         if run.stdout.len() >= cap && run.return_code == Some(0) {
             // Only the tail of a flood comes back; it must never be judged.
             run.stdout = format!("<more than {cap} bytes of output>");
         }
-        let (result, note) = judge(i, &run, expected, task.checker, timeout_s);
+        let (result, note) = judge(i, &run, &task.outputs[i], task.checker, timeout_s);
         if let Some(note) = note.filter(|_| notes.len() < 2048) {
             notes.push_str(&note);
             notes.push('\n');
         }
         tests.push(result);
+    };
+    // The local pool runs every test in one job; a remote service, one
+    // script per test.
+    match sandbox.run_programs(code, &task.tests, timeout_s, memory_mb) {
+        Some(Ok(runs)) => {
+            for (i, run) in runs.into_iter().enumerate() {
+                push(i, run, &mut tests);
+            }
+        }
+        Some(Err(e)) => return ExecReport::no_signal(e.to_string()),
+        None => {
+            for (i, stdin) in task.tests.iter().enumerate() {
+                // A program that does not compile fails every test alike.
+                if let Some(first) = tests.first().filter(|_| i > 0).and_then(compile_error) {
+                    tests.push(TestResult { index: i, ..first });
+                    continue;
+                }
+                let script = Script {
+                    code: code.to_owned(),
+                    stdin: stdin.clone(),
+                    timeout_s: Some(timeout_s),
+                    memory_mb,
+                    ..Script::default()
+                };
+                match sandbox.run_script(&script) {
+                    Ok(run) => push(i, run, &mut tests),
+                    Err(ScriptError::BadRequest(e) | ScriptError::Sandbox(e)) => {
+                        return ExecReport::no_signal(format!("test {i}: {e}"));
+                    }
+                }
+            }
+        }
     }
     ExecReport::from_tests(tests, notes, 0.0)
 }

@@ -91,6 +91,27 @@ pub(crate) struct WireScriptReply {
     pub no_signal: Option<String>,
 }
 
+/// One program run on many stdins, as the worker reads it (program tasks).
+#[derive(Debug, Serialize)]
+pub(crate) struct ProgramsJob<'a> {
+    pub programs: &'a str,
+    pub stdins: &'a [String],
+    pub timeout: f64,
+    pub clock: ExecClock,
+    pub wall: f64,
+    pub out_cap: usize,
+    #[serde(rename = "as")]
+    pub address_space: u64,
+}
+
+/// The worker's reply to a programs job: one run per stdin, in order.
+#[derive(Debug, Deserialize)]
+pub(crate) struct WireProgramsReply {
+    pub programs: Option<Vec<ScriptRun>>,
+    pub script_error: Option<String>,
+    pub no_signal: Option<String>,
+}
+
 /// Why a script has no result.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ScriptError {

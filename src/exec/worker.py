@@ -1327,6 +1327,252 @@ def run_script(job):
     return {"script": out}
 
 
+def _tail_own(path, cap):
+    """`_tail` of a file in the candidate's directory, never through a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    try:
+        if not stat_is_reg(os.fstat(fd).st_mode):
+            return b""
+        size = os.fstat(fd).st_size
+        os.lseek(fd, max(0, size - cap), 0)
+        out = b""
+        while len(out) < cap:
+            chunk = os.read(fd, cap - len(out))
+            if not chunk:
+                break
+            out += chunk
+        return out
+    finally:
+        os.close(fd)
+
+
+def stat_is_reg(mode):
+    import stat
+    return stat.S_ISREG(mode)
+
+
+def _fresh_file(name, mode):
+    """A new file `name` in the current directory, whatever was there."""
+    try:
+        os.unlink(name)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        _rmtree(name)
+    return os.open(name, mode | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+
+
+def _programs_child(code, tdir, start, n, timeout, clock, as_limit, wfd, ack):
+    """Runs the program on tests start..n-1 in turn, each with its own stdin,
+    stdout and stderr files and its own timer, reporting `j rc` on fd 3 and
+    waiting for the worker's ack on fd 4 (it has read test j's output by
+    then, so no later test can touch it)."""
+    global _clock
+    try:
+        os.setsid()
+        os.dup2(wfd, 3)
+        os.dup2(ack, 4)
+        os.closerange(5, 1 << 16)
+        inputs = []
+        for j in range(start, n):
+            with open(os.path.join(tdir, "in%d" % j), "rb") as f:
+                inputs.append(f.read())
+        for name, res in (("as", resource.RLIMIT_AS), ("fsize", resource.RLIMIT_FSIZE),
+                          ("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
+            lim = min(LIM[name], as_limit) if name == "as" and as_limit else LIM[name]
+            if name != "nproc" or SETUID:
+                resource.setrlimit(res, (lim, lim))
+        cpu = max(1, (int(timeout) + 1) * (n - start))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        _become_candidate(tdir, SCRIPT_NAME, [tdir])
+        _clock = clock
+        _raw_signal(int(signal.SIGALRM), _SIG_DFL)
+        _raw_signal(int(signal.SIGPROF), _SIG_DFL)
+    except BaseException:
+        os._exit(71)
+    compiled = None
+    for j in range(start, n):
+        try:
+            fin = _fresh_file(".stdin", os.O_RDWR)
+            data = inputs[j - start]
+            while data:
+                data = data[os.write(fin, data):]
+            os.lseek(fin, 0, 0)
+            os.unlink(".stdin")
+            fds = [fin, _fresh_file("out%d" % j, os.O_WRONLY), _fresh_file("err%d" % j, os.O_WRONLY)]
+            for i, fd in enumerate(fds):
+                os.dup2(fd, i)
+                os.close(fd)
+            sys.stdin = open(0, "r", closefd=False)
+            sys.stdout = open(1, "w", closefd=False)
+            sys.stderr = open(2, "w", closefd=False)
+        except BaseException:
+            os._exit(71)
+        rc = 0
+        _arm(timeout)
+        try:
+            if compiled is None:
+                compiled = compile(code, SCRIPT_NAME, "exec", dont_inherit=True)
+            g = {"__name__": "__main__", "__builtins__": builtins, "__file__": SCRIPT_NAME}
+            exec(compiled, g)
+        except SystemExit as e:
+            c = e.code
+            if c is None:
+                rc = 0
+            elif type(c) is int:
+                rc = c & 0xFF
+            else:
+                try:
+                    sys.stderr.write(str(c) + "\n")
+                except BaseException:
+                    pass
+                rc = 1
+        except BaseException:
+            try:
+                import traceback
+                traceback.print_exc()
+            except BaseException:
+                pass
+            rc = 1
+        _arm(0)
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except BaseException:
+                pass
+        g = None
+        try:
+            os.write(3, b"%d %d\n" % (j, rc))
+            if os.read(4, 1) != b"k":
+                os._exit(0)
+        except BaseException:
+            # The program closed or broke its report pipe: this test ends
+            # here, as if it had exited with its status.
+            os._exit(rc)
+    os._exit(0)
+
+
+def run_programs(job):
+    """One program on many stdins: one candidate process runs the tests in
+    turn (as LiveCodeBench's and verl's runners do), a new one after a test
+    that ended it (time limit, crash, exit). Only outputs come back; the
+    expected ones are not here."""
+    import select
+    _preload_for([job.get("programs")])
+    code = job["programs"]
+    stdins = job["stdins"]
+    if type(code) is not str or type(stdins) is not list or not all(type(x) is str for x in stdins):
+        return {"script_error": "bad job: programs must be a string and stdins a list of strings"}
+    n = len(stdins)
+    timeout = float(job["timeout"])
+    clock = job["clock"] if job.get("clock") in CLOCKS else "wall"
+    wall = max(timeout, float(job.get("wall", timeout)))
+    cap = int(job.get("out_cap", OUT_CAP))
+    as_limit = int(job.get("as") or 0)
+    tdir = _fresh_tdir()
+    runs = [None] * n
+    start = 0
+    while start < n:
+        # The inputs live in the candidate's own directory: written afresh,
+        # never through a link it left, before each process.
+        for j in range(start, n):
+            path = os.path.join(tdir, "in%d" % j)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(stdins[j].encode())
+        r, w = os.pipe()
+        ack_r, ack_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            os.close(ack_w)
+            _programs_child(code, tdir, start, n, timeout, clock, as_limit, w, ack_r)
+            os._exit(72)
+        os.close(w)
+        os.close(ack_r)
+        done, buf, timed_out = start, b"", False
+        t_test = time.perf_counter()
+        while True:
+            left = wall + GRACE - (time.perf_counter() - t_test)
+            if left <= 0:
+                timed_out = True
+                break
+            ready, _, _ = select.select([r], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                parts = line.split()
+                if len(parts) == 2 and parts[0] == str(done).encode():
+                    now = time.perf_counter()
+                    runs[done] = {"status": "finished", "return_code": int(parts[1]), "seconds": now - t_test}
+                    _collect(runs[done], tdir, done, cap)
+                    done += 1
+                    try:
+                        os.write(ack_w, b"k")
+                    except OSError:
+                        pass
+                    t_test = time.perf_counter()
+        os.close(r)
+        os.close(ack_w)
+        # Its report pipe closed: the process is ending, or it closed the
+        # pipe and runs on; the test's deadline still holds.
+        status = None
+        while not timed_out:
+            got, st = os.waitpid(pid, os.WNOHANG)
+            if got:
+                status = st
+                break
+            if time.perf_counter() - t_test > wall + GRACE:
+                timed_out = True
+                break
+            time.sleep(0.002)
+        if timed_out:
+            for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+                try:
+                    kill()
+                except OSError:
+                    pass
+        if status is None:
+            _, status = os.waitpid(pid, 0)
+        _reap()
+        if done < n and runs[done] is None:
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+            seconds = time.perf_counter() - t_test
+            if timed_out or sig in (signal.SIGALRM, signal.SIGPROF, signal.SIGXCPU):
+                runs[done] = {"status": "timeout", "return_code": None, "seconds": seconds}
+            elif sig is not None:
+                runs[done] = {"status": "finished", "return_code": -sig, "seconds": seconds}
+            elif os.WEXITSTATUS(status) == 71 and done == start:
+                # No candidate code ran in this process yet: our failure.
+                return {"script_error": "the candidate process could not be set up"}
+            else:
+                runs[done] = {"status": "finished", "return_code": os.WEXITSTATUS(status), "seconds": seconds}
+            _collect(runs[done], tdir, done, cap)
+            done += 1
+        start = done
+    return {"programs": runs}
+
+
+def _collect(run, tdir, j, cap):
+    run["stdout"] = _tail_own(os.path.join(tdir, "out%d" % j), cap).decode("utf-8", "replace")
+    run["stderr"] = _tail_own(os.path.join(tdir, "err%d" % j), cap).decode("utf-8", "replace")
+    run["cpu_seconds"] = 0.0
+    run["files"] = {}
+
+
 def main():
     try:
         # Worker and its children share one CPU: the many short hand-offs
@@ -1352,7 +1598,12 @@ def main():
         if job is None:
             return
         try:
-            reply = run_script(job) if "script" in job else run_job(job)
+            if "programs" in job:
+                reply = run_programs(job)
+            elif "script" in job:
+                reply = run_script(job)
+            else:
+                reply = run_job(job)
         except BaseException as e:
             reply = {"no_signal": "worker internal error: %s: %s" % (type(e).__name__, str(e)[:300])}
         send(PROTO_OUT, reply)

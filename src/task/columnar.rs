@@ -14,7 +14,7 @@ use super::formats::{self, Loc, Raw, Unit};
 use super::{Builder, LoadOptions, TaskError, TaskFormat, TaskSet};
 
 /// Rows decoded at a time.
-const BATCH_ROWS: usize = 1024;
+const BATCH_ROWS: usize = 256;
 
 /// Whether `path` is read here: a directory, or a `.parquet` / `.arrow` file.
 pub(super) fn is_columnar(path: &Path) -> bool {
@@ -51,6 +51,7 @@ fn data_files(path: &Path, split: Option<&str>) -> Result<Vec<PathBuf>, TaskErro
         return Ok(vec![path.to_path_buf()]);
     }
     let mut files = Vec::new();
+    let mut others = Vec::new();
     let mut stack = vec![path.to_path_buf()];
     while let Some(dir) = stack.pop() {
         let entries = std::fs::read_dir(&dir).map_err(|source| TaskError::Io {
@@ -67,6 +68,8 @@ fn data_files(path: &Path, split: Option<&str>) -> Result<Vec<PathBuf>, TaskErro
                 stack.push(p);
             } else if kind_of(&p).is_some() {
                 files.push(p);
+            } else {
+                others.push(p);
             }
         }
     }
@@ -75,11 +78,24 @@ fn data_files(path: &Path, split: Option<&str>) -> Result<Vec<PathBuf>, TaskErro
         files.retain(|f| in_split(f.strip_prefix(path).unwrap_or(f), split));
     }
     if files.is_empty() {
+        let json: Vec<String> = others
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "jsonl" || e == "json"))
+            .take(3)
+            .map(|p| p.display().to_string())
+            .collect();
+        let hint = if json.is_empty() {
+            String::new()
+        } else {
+            format!("; JSON files are read one at a time: point the path at one of {json:?}")
+        };
         return Err(invalid(
             path,
             match split {
-                Some(s) => format!("the directory holds no .parquet or .arrow file of split {s:?}"),
-                None => "the directory holds no .parquet or .arrow file".to_owned(),
+                Some(s) => {
+                    format!("the directory holds no .parquet or .arrow file of split {s:?}{hint}")
+                }
+                None => format!("the directory holds no .parquet or .arrow file{hint}"),
             },
         ));
     }

@@ -78,6 +78,14 @@ impl Raw<'_> {
             Raw::Element(_) => None,
         }
     }
+
+    fn into_object(self) -> Option<Map<String, Value>> {
+        match self {
+            Raw::Element(Value::Object(map)) => Some(map),
+            Raw::Element(_) => None,
+            line => line.as_object(),
+        }
+    }
 }
 
 // serde_json ends messages with "at line 1 column N"; within one JSONL line the
@@ -132,7 +140,7 @@ pub(super) fn decode_all(
 ) -> Vec<Decoded> {
     raws.into_iter()
         .enumerate()
-        .map(|(i, (loc, raw))| (loc, decode_record(format, &raw, first + i)))
+        .map(|(i, (loc, raw))| (loc, decode_record(format, raw, first + i)))
         .collect()
 }
 
@@ -261,32 +269,51 @@ pub(super) fn detect(raws: &[(Loc, Raw<'_>)], path: &Path) -> Result<TaskFormat,
     Ok(format)
 }
 
-fn decode_record(format: TaskFormat, raw: &Raw<'_>, ordinal: usize) -> Result<Task, String> {
-    let object = || {
-        raw.as_object()
+/// A code-RL reader of one row.
+type Reader<'a> = dyn Fn(&Map<String, Value>) -> Result<contest::Mapped, String> + 'a;
+
+fn decode_record(format: TaskFormat, raw: Raw<'_>, ordinal: usize) -> Result<Task, String> {
+    let object = |raw: Raw<'_>| {
+        raw.into_object()
             .ok_or_else(|| "the record is not a JSON object".to_owned())
     };
-    let (mut task, mapped) = match format {
+    // Each record is held once: the code-RL readers borrow the row, which
+    // then gives its unmapped columns to `extra` without a copy.
+    let contest = |raw: Raw<'_>, read: &Reader| {
+        let map = object(raw)?;
+        let (task, keys) = read(&map)?;
+        Ok::<_, String>((task, keys, Some(map)))
+    };
+    let (mut task, mapped, map) = match format {
         TaskFormat::Jsonl => return raw.decode::<Task>().map_err(extra_hint),
         TaskFormat::Humaneval => (
             raw.decode::<HumanEvalRecord>()
                 .map(HumanEvalRecord::into_task)?,
             HUMANEVAL_KEYS,
+            raw.into_object(),
         ),
-        TaskFormat::Mbpp => (raw.decode::<MbppRecord>()?.into_task()?, MBPP_KEYS),
-        TaskFormat::Pricoder => (raw.decode::<PricoderRecord>()?.into_task()?, PRICODER_KEYS),
-        TaskFormat::Apps => contest::apps(&object()?, ordinal)?,
-        TaskFormat::Codecontests => contest::codecontests(&object()?)?,
-        TaskFormat::Livecodebench => contest::livecodebench(&object()?)?,
-        TaskFormat::Kodcode => contest::kodcode(&object()?)?,
-        TaskFormat::Verl => contest::verl(&object()?, ordinal)?,
+        TaskFormat::Mbpp => (
+            raw.decode::<MbppRecord>()?.into_task()?,
+            MBPP_KEYS,
+            raw.into_object(),
+        ),
+        TaskFormat::Pricoder => (
+            raw.decode::<PricoderRecord>()?.into_task()?,
+            PRICODER_KEYS,
+            raw.into_object(),
+        ),
+        TaskFormat::Apps => contest(raw, &|m| contest::apps(m, ordinal))?,
+        TaskFormat::Codecontests => contest(raw, &contest::codecontests)?,
+        TaskFormat::Livecodebench => contest(raw, &contest::livecodebench)?,
+        TaskFormat::Kodcode => contest(raw, &contest::kodcode)?,
+        TaskFormat::Verl => contest(raw, &|m| contest::verl(m, ordinal))?,
         // `parse` resolves Auto before decoding.
         TaskFormat::Auto => unreachable!("format resolved before decoding"),
     };
     // What a public format has beyond the mapped keys (MBPP's
     // `challenge_test_list`, HumanEval+'s `plus_input`, a user's own
     // columns) reaches reward terms as columns, as in a dataset.
-    if let Some(map) = raw.as_object() {
+    if let Some(map) = map {
         let own = std::mem::take(&mut task.extra);
         task.extra = map
             .into_iter()
