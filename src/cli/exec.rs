@@ -89,7 +89,7 @@ pub fn run(args: ExecArgs) -> Result<()> {
         TaskFormat::Auto,
         LoadOptions {
             skip_invalid: args.skip_invalid,
-            ..cfg.tasks.load_options()
+            ..falcon_rl::task::LoadOptions::of(&cfg.tasks)
         },
     )
     .map_err(usage)?;

@@ -75,17 +75,6 @@ pub struct TasksConfig {
     pub split: Option<String>,
 }
 
-impl TasksConfig {
-    /// How the run reads `[tasks] path`.
-    pub fn load_options(&self) -> crate::task::LoadOptions {
-        crate::task::LoadOptions {
-            skip_invalid: self.skip_invalid,
-            columns: self.columns.clone(),
-            split: self.split.clone(),
-        }
-    }
-}
-
 impl Section for TasksConfig {
     fn validate_into(&self, path: &str, problems: &mut Problems) {
         if let Some(p) = &self.path {

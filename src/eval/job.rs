@@ -259,7 +259,7 @@ fn accumulation_tasks(cfg: &RunConfig, path: &Path) -> Result<TaskSet, EvalError
         path,
         &Selection {
             format: crate::config::TaskFormat::Auto,
-            load: cfg.tasks.load_options(),
+            load: crate::task::LoadOptions::of(&cfg.tasks),
             tags: &[],
             max_tasks: cfg.strategy.accumulate_max_tasks,
             what: "[strategy] accumulate_on",

@@ -313,7 +313,7 @@ pub fn eval_tasks(cfg: &crate::config::RunConfig) -> Result<crate::task::TaskSet
             format: cfg.eval.format,
             load: crate::task::LoadOptions {
                 split: cfg.eval.split.clone(),
-                ..cfg.tasks.load_options()
+                ..crate::task::LoadOptions::of(&cfg.tasks)
             },
             tags: &cfg.eval.tags,
             max_tasks: cfg.eval.max_tasks,

@@ -1175,6 +1175,18 @@ def _safe_rel(path):
     return os.path.join(*parts)
 
 
+def _script_limits(as_limit, cpu):
+    """A script process's rlimits: the worker's, an address-space limit of
+    its own when lower, and `cpu` seconds of CPU."""
+    for name, res in (("as", resource.RLIMIT_AS), ("fsize", resource.RLIMIT_FSIZE),
+                      ("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
+        lim = min(LIM[name], as_limit) if name == "as" and as_limit else LIM[name]
+        if name != "nproc" or SETUID:
+            resource.setrlimit(res, (lim, lim))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
 def _script_child(code, inpath, outpath, errpath, tdir, timeout, clock, as_limit):
     global _clock
     try:
@@ -1185,14 +1197,7 @@ def _script_child(code, inpath, outpath, errpath, tdir, timeout, clock, as_limit
         for i, fd in enumerate(fds):
             os.dup2(fd, i)
         os.closerange(3, 1 << 16)
-        for name, res in (("as", resource.RLIMIT_AS), ("fsize", resource.RLIMIT_FSIZE),
-                          ("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
-            lim = min(LIM[name], as_limit) if name == "as" and as_limit else LIM[name]
-            if name != "nproc" or SETUID:
-                resource.setrlimit(res, (lim, lim))
-        cpu = max(1, int(timeout) + 1)
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        _script_limits(as_limit, max(1, int(timeout) + 1))
         # A script imports its own files from its directory, as `python main.py` would.
         _become_candidate(tdir, SCRIPT_NAME, [tdir])
         # The timer's signal ends the process (default action): the parent
@@ -1204,10 +1209,16 @@ def _script_child(code, inpath, outpath, errpath, tdir, timeout, clock, as_limit
         _arm(timeout)
     except BaseException:
         os._exit(71)
+    os._exit(_run_as_main(lambda: compile(code, SCRIPT_NAME, "exec", dont_inherit=True)))
+
+
+def _run_as_main(get_code):
+    """Runs a program as `python main.py` would, with fresh globals; returns
+    its exit status, its output flushed."""
     rc = 0
     try:
         g = {"__name__": "__main__", "__builtins__": builtins, "__file__": SCRIPT_NAME}
-        exec(compile(code, SCRIPT_NAME, "exec", dont_inherit=True), g)
+        exec(get_code(), g)
     except SystemExit as e:
         c = e.code
         if c is None:
@@ -1232,7 +1243,7 @@ def _script_child(code, inpath, outpath, errpath, tdir, timeout, clock, as_limit
             f.flush()
         except BaseException:
             pass
-    os._exit(rc)
+    return rc
 
 
 def run_script(job):
@@ -1380,21 +1391,20 @@ def _programs_child(code, tdir, start, n, timeout, clock, as_limit, wfd, ack):
         for j in range(start, n):
             with open(os.path.join(tdir, "in%d" % j), "rb") as f:
                 inputs.append(f.read())
-        for name, res in (("as", resource.RLIMIT_AS), ("fsize", resource.RLIMIT_FSIZE),
-                          ("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
-            lim = min(LIM[name], as_limit) if name == "as" and as_limit else LIM[name]
-            if name != "nproc" or SETUID:
-                resource.setrlimit(res, (lim, lim))
-        cpu = max(1, (int(timeout) + 1) * (n - start))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        _script_limits(as_limit, max(1, (int(timeout) + 1) * (n - start)))
         _become_candidate(tdir, SCRIPT_NAME, [tdir])
         _clock = clock
         _raw_signal(int(signal.SIGALRM), _SIG_DFL)
         _raw_signal(int(signal.SIGPROF), _SIG_DFL)
     except BaseException:
         os._exit(71)
-    compiled = None
+    cache = []
+
+    def compiled_code():
+        if not cache:
+            cache.append(compile(code, SCRIPT_NAME, "exec", dont_inherit=True))
+        return cache[0]
+
     for j in range(start, n):
         try:
             fin = _fresh_file(".stdin", os.O_RDWR)
@@ -1412,39 +1422,9 @@ def _programs_child(code, tdir, start, n, timeout, clock, as_limit, wfd, ack):
             sys.stderr = open(2, "w", closefd=False)
         except BaseException:
             os._exit(71)
-        rc = 0
         _arm(timeout)
-        try:
-            if compiled is None:
-                compiled = compile(code, SCRIPT_NAME, "exec", dont_inherit=True)
-            g = {"__name__": "__main__", "__builtins__": builtins, "__file__": SCRIPT_NAME}
-            exec(compiled, g)
-        except SystemExit as e:
-            c = e.code
-            if c is None:
-                rc = 0
-            elif type(c) is int:
-                rc = c & 0xFF
-            else:
-                try:
-                    sys.stderr.write(str(c) + "\n")
-                except BaseException:
-                    pass
-                rc = 1
-        except BaseException:
-            try:
-                import traceback
-                traceback.print_exc()
-            except BaseException:
-                pass
-            rc = 1
+        rc = _run_as_main(compiled_code)
         _arm(0)
-        for f in (sys.stdout, sys.stderr):
-            try:
-                f.flush()
-            except BaseException:
-                pass
-        g = None
         try:
             os.write(3, b"%d %d\n" % (j, rc))
             if os.read(4, 1) != b"k":

@@ -751,7 +751,7 @@ pub(super) fn verl(map: &Map<String, Value>, ordinal: usize) -> Result<Mapped, S
     if let Some(asserts) = truth.get("assert_case").and_then(Value::as_array) {
         let tests: Vec<String> = asserts.iter().filter_map(Value::as_str).map(lf).collect();
         let first = tests.first().ok_or("`ground_truth.assert_case` is empty")?;
-        let entry_point = super::formats::mbpp_entry_point(first, None)?;
+        let entry_point = super::entry::mbpp_entry_point(first, None)?;
         let task = Task {
             id,
             prompt,

@@ -12,6 +12,7 @@
 
 mod columnar;
 mod contest;
+mod entry;
 mod formats;
 
 pub use contest::py_literal;
@@ -353,6 +354,16 @@ pub struct LoadOptions {
 }
 
 impl LoadOptions {
+    /// How a run reads its task files: `[tasks]`'s `skip_invalid`,
+    /// `columns` and `split`.
+    pub fn of(cfg: &crate::config::TasksConfig) -> Self {
+        LoadOptions {
+            skip_invalid: cfg.skip_invalid,
+            columns: cfg.columns.clone(),
+            split: cfg.split.clone(),
+        }
+    }
+
     /// Strict or skipping, with no renames and every split.
     pub fn skipping(skip_invalid: bool) -> Self {
         LoadOptions {

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::formats::{called_names, mbpp_entry_point};
+use super::entry::{called_names, mbpp_entry_point};
 use super::*;
 
 /// A benchmark file the repository ships (`data/NAME`).

@@ -338,7 +338,7 @@ pub fn train_tasks(cfg: &RunConfig) -> Result<TaskSet, TrainError> {
         path,
         &Selection {
             format: cfg.tasks.format,
-            load: cfg.tasks.load_options(),
+            load: crate::task::LoadOptions::of(&cfg.tasks),
             tags: &cfg.tasks.tags,
             max_tasks: 0,
             what: "[tasks]",
