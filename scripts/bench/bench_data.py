@@ -294,21 +294,21 @@ def main():
             print(f"\nprogram tasks: {len(tasks)} tasks x {args.tests} stdin tests = {runs} program runs")
             print(f"{'harness':<48}{'s (median)':>11}{'runs/s':>9}   pass")
             print(f"{'LiveCodeBench codegen_metrics':<48}{med(lcb):>11.2f}{runs / med(lcb):>9.1f}   {lp}/{len(tasks)}")
-            print(f"{'falcon exec (bubblewrap, process start incl.)':<48}{med(ours):>11.2f}{runs / med(ours):>9.1f}   {op}/{len(tasks)}")
+            print(f"{'falcon-rl exec (bubblewrap, start incl.)':<48}{med(ours):>11.2f}{runs / med(ours):>9.1f}   {op}/{len(tasks)}")
             print(f"ratio falcon / LiveCodeBench: {med(lcb) / med(ours):.2f}x")
         if "plus" in only:
             rows, calls, ep, ours, epp, op = bench_plus(args, bin_, tmp)
             print(f"\nHumanEval+-shaped: {len(rows)} tasks, {calls} calls (base + {args.plus} plus inputs per task)")
             print(f"{'harness':<48}{'s (median)':>11}{'calls/s':>9}   plus pass")
             print(f"{'EvalPlus evaluate':<48}{med(ep):>11.2f}{calls / med(ep):>9.0f}   {epp}/{len(rows)}")
-            print(f"{'falcon exec (bubblewrap, process start incl.)':<48}{med(ours):>11.2f}{calls / med(ours):>9.0f}   {op}/{len(rows)}")
+            print(f"{'falcon-rl exec (bubblewrap, start incl.)':<48}{med(ours):>11.2f}{calls / med(ours):>9.0f}   {op}/{len(rows)}")
             print(f"ratio falcon / EvalPlus: {med(ep) / med(ours):.2f}x")
         if "load" in only:
             decoded, nbytes, parquet, big_runs, single_runs, one_runs = bench_load(args, bin_, tmp)
             ow, om = med([w for w, _ in one_runs]), med([m for _, m in one_runs])
             print(f"\nloading {args.rows} APPS rows ({parquet / 1e6:.1f} MB of parquet; decoded: "
                   f"{nbytes / 1e6:.1f} MB as Arrow arrays, {decoded / 1e6:.1f} MB as our JSONL)")
-            print(f"falcon tasks check on one row (binary start, libtorch): {ow:.2f} s, peak RSS {om / 1e6:.0f} MB")
+            print(f"falcon-rl tasks check, one row (binary start, libtorch): {ow:.2f} s, peak RSS {om / 1e6:.0f} MB")
             for label, runs in (("one parquet file", single_runs), ("two parquet shards", big_runs)):
                 w, m = med([w for w, _ in runs]), med([m for _, m in runs])
                 print(f"{label:<20} {w:.2f} s ({w - ow:.2f} s over one row), peak RSS {m / 1e6:.0f} MB: "
