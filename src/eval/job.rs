@@ -108,12 +108,6 @@ pub fn run(
 ) -> Result<EvalResult, EvalError> {
     cfg.check(crate::config::Job::Eval)?;
     let mut tasks = eval_tasks(cfg)?;
-    if super::plus::needs_expansion(&tasks) {
-        let sandbox = Sandbox::new(&cfg.exec)?;
-        let n = super::plus::expand(&mut tasks, &sandbox)?;
-        progress.message(&format!("EvalPlus: base and plus tests of {n} tasks ready"));
-    }
-    let list: Vec<&Task> = tasks.iter().collect();
     let server = |src: &GeneratorSource| -> Result<Option<OpenAiGenerator>, EvalError> {
         Ok(match src {
             GeneratorSource::Policy => None,
@@ -153,6 +147,11 @@ pub fn run(
     let generator = pick(&answer_server, policy)?;
     let reflector = pick(&reflect_server, policy)?;
     let sandbox = Sandbox::new(&cfg.exec)?;
+    if super::plus::needs_expansion(&tasks) {
+        let n = super::plus::expand(&mut tasks, &sandbox)?;
+        progress.message(&format!("EvalPlus: base and plus tests of {n} tasks ready"));
+    }
+    let list: Vec<&Task> = tasks.iter().collect();
     sandbox.require_modules(&list)?;
     let spec = EvalSpec {
         instruction: &cfg.train.instruction,
