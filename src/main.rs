@@ -151,10 +151,27 @@ fn keep_freed_memory() {
     }
 }
 
+impl Cmd {
+    /// Whether the command may run libtorch (its OpenMP threads, its
+    /// tensors). The others (the sandbox, task files, configs, reports) skip
+    /// the re-execution of [`passive_openmp`], which was half of a short
+    /// `falcon exec`'s start, and keep glibc's own heap policy, under which
+    /// loading a large task file peaks lower than under [`keep_freed_memory`].
+    fn uses_libtorch(&self) -> bool {
+        match self {
+            Cmd::Exec(a) => a.uses_model(),
+            Cmd::Sandbox(_) | Cmd::Tasks(_) | Cmd::Config(_) | Cmd::Report(_) => false,
+            _ => true,
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    passive_openmp();
-    keep_freed_memory();
     let cli = Cli::parse();
+    if cli.cmd.uses_libtorch() {
+        passive_openmp();
+        keep_freed_memory();
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

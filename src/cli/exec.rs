@@ -79,6 +79,13 @@ fn read_samples(arg: &str, tasks: &TaskSet, skip_invalid: bool) -> Result<Vec<Sa
     Ok(out)
 }
 
+impl ExecArgs {
+    /// Whether a model runs in this process (the LM judge).
+    pub fn uses_model(&self) -> bool {
+        self.judge_model.is_some()
+    }
+}
+
 pub fn run(args: ExecArgs) -> Result<()> {
     let cfg = match &args.config {
         Some(f) => RunConfig::load(f).map_err(usage)?,

@@ -1376,7 +1376,7 @@ def _fresh_file(name, mode):
     return os.open(name, mode | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
 
 
-def _programs_child(code, tdir, start, n, timeout, clock, as_limit, wfd, ack):
+def _programs_child(code, stdins, tdir, start, n, timeout, clock, as_limit, wfd, ack):
     """Runs the program on tests start..n-1 in turn, each with its own stdin,
     stdout and stderr files and its own timer, reporting `j rc` on fd 3 and
     waiting for the worker's ack on fd 4 (it has read test j's output by
@@ -1387,10 +1387,7 @@ def _programs_child(code, tdir, start, n, timeout, clock, as_limit, wfd, ack):
         os.dup2(wfd, 3)
         os.dup2(ack, 4)
         os.closerange(5, 1 << 16)
-        inputs = []
-        for j in range(start, n):
-            with open(os.path.join(tdir, "in%d" % j), "rb") as f:
-                inputs.append(f.read())
+        inputs = [x.encode() for x in stdins[start:n]]
         _script_limits(as_limit, max(1, (int(timeout) + 1) * (n - start)))
         _become_candidate(tdir, SCRIPT_NAME, [tdir])
         _clock = clock
@@ -1457,24 +1454,14 @@ def run_programs(job):
     runs = [None] * n
     start = 0
     while start < n:
-        # The inputs live in the candidate's own directory: written afresh,
-        # never through a link it left, before each process.
-        for j in range(start, n):
-            path = os.path.join(tdir, "in%d" % j)
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "wb") as f:
-                f.write(stdins[j].encode())
         r, w = os.pipe()
         ack_r, ack_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(r)
             os.close(ack_w)
-            _programs_child(code, tdir, start, n, timeout, clock, as_limit, w, ack_r)
+            # The inputs come with the fork, read before the candidate runs.
+            _programs_child(code, stdins, tdir, start, n, timeout, clock, as_limit, w, ack_r)
             os._exit(72)
         os.close(w)
         os.close(ack_r)
@@ -1510,16 +1497,17 @@ def run_programs(job):
         # Its report pipe closed: the process is ending, or it closed the
         # pipe and runs on; the test's deadline still holds.
         status = None
-        while not timed_out:
-            got, st = os.waitpid(pid, os.WNOHANG)
-            if got:
-                status = st
-                break
-            if time.perf_counter() - t_test > wall + GRACE:
-                timed_out = True
-                break
-            time.sleep(0.002)
-        if timed_out:
+        left = wall + GRACE - (time.perf_counter() - t_test)
+        if not timed_out and left > 0:
+            try:
+                signal.setitimer(signal.ITIMER_REAL, left)
+                _, status = os.waitpid(pid, 0)
+            except Deadline:
+                pass
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        if status is None:
+            timed_out = True
             for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
                 try:
                     kill()
@@ -1547,8 +1535,14 @@ def run_programs(job):
 
 
 def _collect(run, tdir, j, cap):
-    run["stdout"] = _tail_own(os.path.join(tdir, "out%d" % j), cap).decode("utf-8", "replace")
-    run["stderr"] = _tail_own(os.path.join(tdir, "err%d" % j), cap).decode("utf-8", "replace")
+    for key, name in (("stdout", "out%d" % j), ("stderr", "err%d" % j)):
+        path = os.path.join(tdir, name)
+        run[key] = _tail_own(path, cap).decode("utf-8", "replace")
+        # Read: gone, so that the directory is left empty for the next job.
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
     run["cpu_seconds"] = 0.0
     run["files"] = {}
 

@@ -150,6 +150,17 @@ struct RuffFinding {
     message: String,
 }
 
+/// A finding of a run over files: which file it is in.
+#[derive(Deserialize)]
+struct RuffFileFinding {
+    filename: String,
+    #[serde(flatten)]
+    finding: RuffFinding,
+}
+
+/// Codes per ruff run (the command line holds their paths).
+const RUFF_BATCH: usize = 512;
+
 #[derive(Deserialize)]
 struct McCabeJson {
     #[serde(default)]
@@ -320,6 +331,83 @@ impl StaticJudge {
             .collect())
     }
 
+    /// ruff's findings on many codes with one ruff run over a private
+    /// directory of files (the same findings as one run per code on stdin:
+    /// a test checks it); when that run fails or times out, each code is
+    /// checked on its own so that one pathological sample loses only its
+    /// own signal.
+    pub fn ruff_batch(&self, codes: &[&str]) -> Vec<Option<Vec<Finding>>> {
+        if codes.len() <= 1 {
+            return codes.iter().map(|c| self.ruff_findings(c)).collect();
+        }
+        let mut out = Vec::with_capacity(codes.len());
+        for chunk in codes.chunks(RUFF_BATCH) {
+            match self.try_ruff_files(chunk) {
+                Ok(all) => out.extend(all.into_iter().map(|f| self.counted(Ok(f)))),
+                Err(_) => out.extend(chunk.iter().map(|c| self.ruff_findings(c))),
+            }
+        }
+        out
+    }
+
+    fn try_ruff_files(&self, codes: &[&str]) -> Result<Vec<Vec<Finding>>, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("falcon-ruff-")
+            .tempdir()
+            .map_err(|e| format!("a directory for ruff's files: {e}"))?;
+        let mut paths = Vec::with_capacity(codes.len());
+        for (i, code) in codes.iter().enumerate() {
+            let p = dir.path().join(format!("cand{i}.py"));
+            std::fs::write(&p, code).map_err(|e| format!("{}: {e}", p.display()))?;
+            paths.push(p.display().to_string());
+        }
+        let select = self.cfg.ruff_select.join(",");
+        let mut args = vec![
+            "check",
+            "--isolated",
+            "--no-cache",
+            "--output-format",
+            "json",
+            "--select",
+            &select,
+            "--",
+        ];
+        args.extend(paths.iter().map(String::as_str));
+        // The per-code budget covers ruff's start; a batch's files are checked
+        // in parallel, so a few of those budgets cover a whole batch.
+        let timeout = self.timeout * 4;
+        let out = run_tool(&self.ruff, &args, &[], &[], timeout).map_err(tool_error)?;
+        if !matches!(out.code, Some(0 | 1)) {
+            return Err(format!(
+                "ruff exited with {}: {}",
+                exit_code(out.code),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let raw: Vec<RuffFileFinding> = serde_json::from_slice(&out.stdout)
+            .map_err(|e| format!("ruff printed unreadable JSON: {e}"))?;
+        let mut all = vec![Vec::new(); codes.len()];
+        for f in raw {
+            let i = std::path::Path::new(&f.filename)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| {
+                    n.strip_prefix("cand")?
+                        .strip_suffix(".py")?
+                        .parse::<usize>()
+                        .ok()
+                })
+                .filter(|&i| i < codes.len())
+                .ok_or_else(|| format!("ruff reported an unknown file {:?}", f.filename))?;
+            all[i].push(Finding {
+                code: f.finding.code,
+                line: f.finding.location.row,
+                message: f.finding.message,
+            });
+        }
+        Ok(all)
+    }
+
     /// McCabe complexity of many codes with one interpreter start; when that
     /// run fails or times out, each code is measured on its own so that one
     /// pathological sample loses only its own signal.
@@ -405,23 +493,13 @@ impl Judge for StaticJudge {
                 .map(|m| m.as_ref().map(|m| complexity_score(m, simple, worst)))
                 .collect());
         }
-        let one = |code: &str| self.style(code);
-        // The tools are single short processes; run a few at once.
-        let workers = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(codes.len().max(1));
-        let chunk = codes.len().div_ceil(workers).max(1);
-        let mut scores = vec![None; codes.len()];
-        std::thread::scope(|s| {
-            for (codes, out) in codes.chunks(chunk).zip(scores.chunks_mut(chunk)) {
-                s.spawn(move || {
-                    for (code, slot) in codes.iter().zip(out) {
-                        *slot = one(code);
-                    }
-                });
-            }
-        });
-        Ok(scores)
+        let per = self.cfg.style_findings_per_10_lines_at_worst;
+        Ok(self
+            .ruff_batch(codes)
+            .into_iter()
+            .zip(codes)
+            .map(|(f, code)| f.map(|f| style_score(&f, code, per)))
+            .collect())
     }
 
     fn stats(&self) -> JudgeStats {
@@ -637,8 +715,22 @@ print(1)
         assert_eq!(batch, single);
         assert!(matches!(&batch[0], Some(McCabe::Blocks(b)) if b[1].complexity == 2));
         assert!(matches!(&batch[2], Some(McCabe::Blocks(b)) if b[0].complexity == 3));
+        // ruff over a directory of files finds what it finds on each stdin.
+        let style = [
+            "import os\nx=1\n",
+            "def f(:\n",
+            "class bad_name:\n    pass\n",
+            "def g(l):\n    if l == None:\n        return l\n",
+            "x = 1\t\n\n\n",
+        ];
+        let batch = j.ruff_batch(&style);
+        let single: Vec<_> = style.iter().map(|c| j.ruff_findings(c)).collect();
+        assert_eq!(batch, single);
+        assert!(batch
+            .iter()
+            .all(|f| f.as_ref().is_some_and(|f| !f.is_empty())));
         let stats = j.stats();
-        assert_eq!(stats.scored, 12, "the start-up probes are not counted");
+        assert_eq!(stats.scored, 22, "the start-up probes are not counted");
         assert_eq!(stats.no_signal(), 0);
     }
 
@@ -659,6 +751,8 @@ print(1)
             vec![None, None]
         );
         assert_eq!(j.stats().timeouts, 3);
+        assert_eq!(j.ruff_batch(&codes), vec![None, None]);
+        assert_eq!(j.stats().timeouts, 5);
         assert_eq!(j.stats().scored, 0);
         assert_eq!(j.last_failure().as_deref(), Some(TIMEOUT));
     }

@@ -559,7 +559,7 @@ impl TaskSet {
 /// ids, and fails on or skips the invalid ones.
 struct Builder<'a> {
     set: TaskSet,
-    first_seen: HashMap<String, String>,
+    first_seen: HashMap<String, formats::Loc>,
     path: &'a Path,
     skip_invalid: bool,
 }
@@ -579,15 +579,21 @@ impl<'a> Builder<'a> {
             task.validate()?;
             if let Some(first) = self.first_seen.get(&task.id) {
                 return Err(format!(
-                    "duplicate id {:?} (first seen at {first})",
-                    task.id
+                    "duplicate id {:?} (first seen at {})",
+                    task.id,
+                    first.label()
                 ));
             }
             Ok(task)
         });
         match result {
-            Ok(task) => {
-                self.first_seen.insert(task.id.clone(), loc.label());
+            Ok(mut task) => {
+                self.first_seen.insert(task.id.clone(), loc);
+                // A set of many tasks is held for the whole run: vectors
+                // grown while reading keep no spare room.
+                for v in [&mut task.tests, &mut task.outputs, &mut task.tags] {
+                    v.shrink_to_fit();
+                }
                 self.set.tasks.push(task);
             }
             Err(reason) => {
