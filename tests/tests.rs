@@ -14,6 +14,7 @@ mod docs;
 mod exec_adversarial;
 mod exec_reference;
 mod first_hour;
+mod gguf_quants;
 mod gguf_smollm2;
 mod golden;
 mod kernels;

@@ -10,7 +10,7 @@ use falcon_rl::model::gguf::{convert_to_hf, OutDtype};
 
 #[derive(Subcommand)]
 pub enum ConvertCmd {
-    /// GGUF (F32/F16/BF16/Q8_0/Q4_0/Q4_1) → HF directory (safetensors, config, tokenizer).
+    /// GGUF (F32/F16/BF16, Q4_0-Q8_0, the k-quants Q2_K-Q6_K, IQ4_NL/IQ4_XS) → HF directory (safetensors, config, tokenizer).
     Gguf {
         input: PathBuf,
         output: PathBuf,

@@ -144,8 +144,26 @@ pub(super) const TYPE_F32: u32 = 0;
 pub(super) const TYPE_F16: u32 = 1;
 pub(super) const TYPE_Q4_0: u32 = 2;
 pub(super) const TYPE_Q4_1: u32 = 3;
+pub(super) const TYPE_Q5_0: u32 = 6;
+pub(super) const TYPE_Q5_1: u32 = 7;
 pub(super) const TYPE_Q8_0: u32 = 8;
+pub(super) const TYPE_Q2_K: u32 = 10;
+pub(super) const TYPE_Q3_K: u32 = 11;
+pub(super) const TYPE_Q4_K: u32 = 12;
+pub(super) const TYPE_Q5_K: u32 = 13;
+pub(super) const TYPE_Q6_K: u32 = 14;
+pub(super) const TYPE_IQ4_NL: u32 = 20;
+pub(super) const TYPE_IQ4_XS: u32 = 23;
 pub(super) const TYPE_BF16: u32 = 30;
+
+/// The ggml type names [`dequantize_bytes`] handles, for messages.
+pub const DEQUANTIZED_TYPES: &str =
+    "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS";
+
+/// IQ4_NL's and IQ4_XS's 16 non-linear levels (ggml's `kvalues_iq4nl`).
+const IQ4_LEVELS: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
 
 /// One tensor's description from the GGUF header.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -622,8 +640,156 @@ impl GgufFile {
 pub(super) fn can_dequantize(type_id: u32) -> bool {
     matches!(
         type_id,
-        TYPE_F32 | TYPE_F16 | TYPE_BF16 | TYPE_Q8_0 | TYPE_Q4_0 | TYPE_Q4_1
+        TYPE_F32
+            | TYPE_F16
+            | TYPE_BF16
+            | TYPE_Q8_0
+            | TYPE_Q4_0
+            | TYPE_Q4_1
+            | TYPE_Q5_0
+            | TYPE_Q5_1
+            | TYPE_Q2_K
+            | TYPE_Q3_K
+            | TYPE_Q4_K
+            | TYPE_Q5_K
+            | TYPE_Q6_K
+            | TYPE_IQ4_NL
+            | TYPE_IQ4_XS
     )
+}
+
+fn half_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Q4_K's and Q5_K's eight 6-bit (scale, min) pairs, packed in 12 bytes.
+fn k_scale_min(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
+    for j in 0..4 {
+        sc[j] = s[j] & 63;
+        mn[j] = s[j + 4] & 63;
+        sc[j + 4] = (s[j + 8] & 0x0f) | ((s[j] >> 2) & 0x30);
+        mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30);
+    }
+    (sc, mn)
+}
+
+/// The k-quant and 5-bit blocks, element by element as ggml's
+/// `dequantize_row_*` (and the `gguf` package) lay them out; the products
+/// are in the same order, so the results are the same floats.
+fn dequantize_block(type_id: u32, b: &[u8], out: &mut Vec<f32>) {
+    match type_id {
+        TYPE_Q5_0 | TYPE_Q5_1 => {
+            let d = half_at(b, 0);
+            let (m, rest) = if type_id == TYPE_Q5_1 {
+                (Some(half_at(b, 2)), &b[4..])
+            } else {
+                (None, &b[2..])
+            };
+            let qh = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+            let qs = &rest[4..];
+            for half in 0..2 {
+                for (j, &q) in qs.iter().enumerate() {
+                    let low = (q >> (4 * half)) & 0x0f;
+                    let high = ((qh >> (j + 16 * half)) & 1) as u8;
+                    let q = low | (high << 4);
+                    out.push(match m {
+                        Some(m) => d * f32::from(q) + m,
+                        None => d * f32::from(q as i8 - 16),
+                    });
+                }
+            }
+        }
+        TYPE_Q2_K => {
+            let (scales, qs) = (&b[..16], &b[16..80]);
+            let (d, dmin) = (half_at(b, 80), half_at(b, 82));
+            for i in 0..256 {
+                let (h, s, l) = (i / 128, (i / 32) % 4, i % 32);
+                let q = (qs[h * 32 + l] >> (2 * s)) & 3;
+                let sc = scales[i / 16];
+                let dl = d * f32::from(sc & 0x0f);
+                let ml = dmin * f32::from(sc >> 4);
+                out.push(dl * f32::from(q) - ml);
+            }
+        }
+        TYPE_Q3_K => {
+            let (hmask, qs, packed) = (&b[..32], &b[32..96], &b[96..108]);
+            let d = half_at(b, 108);
+            let mut scales = [0f32; 16];
+            for (i, scale) in scales.iter_mut().enumerate() {
+                let low = (packed[i % 8] >> (4 * (i / 8))) & 0x0f;
+                let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
+                *scale = f32::from((low | (high << 4)) as i8 - 32);
+            }
+            for i in 0..256 {
+                let (h, s, l) = (i / 128, (i / 32) % 4, i % 32);
+                let low = ((qs[h * 32 + l] >> (2 * s)) & 3) as i8;
+                // The offset of 4 applies where the mask bit is clear.
+                let bit = (hmask[l] >> (i / 32)) & 1;
+                let q = low - (((bit ^ 1) << 2) as i8);
+                out.push((d * scales[i / 16]) * f32::from(q));
+            }
+        }
+        TYPE_Q4_K | TYPE_Q5_K => {
+            let (d, dmin) = (half_at(b, 0), half_at(b, 2));
+            let (sc, mn) = k_scale_min(&b[4..16]);
+            let (qh, qs) = if type_id == TYPE_Q5_K {
+                (Some(&b[16..48]), &b[48..176])
+            } else {
+                (None, &b[16..144])
+            };
+            for sb in 0..8 {
+                let (c, s) = (sb / 2, sb % 2);
+                let dl = d * f32::from(sc[sb]);
+                let ml = dmin * f32::from(mn[sb]);
+                for l in 0..32 {
+                    let mut q = (qs[c * 32 + l] >> (4 * s)) & 0x0f;
+                    if let Some(qh) = qh {
+                        q |= ((qh[l] >> sb) & 1) << 4;
+                    }
+                    out.push(dl * f32::from(q) - ml);
+                }
+            }
+        }
+        TYPE_Q6_K => {
+            let (ql, qh, scales) = (&b[..128], &b[128..192], &b[192..208]);
+            let d = half_at(b, 208);
+            for i in 0..256 {
+                let (h, r) = (i / 128, i % 128);
+                let low = (ql[h * 64 + r % 64] >> (4 * (r / 64))) & 0x0f;
+                let high = (qh[h * 32 + r % 32] >> (2 * (r / 32))) & 3;
+                let q = (low | (high << 4)) as i8 - 32;
+                let dl = d * f32::from(scales[i / 16] as i8);
+                out.push(dl * f32::from(q));
+            }
+        }
+        TYPE_IQ4_NL => {
+            let d = half_at(b, 0);
+            let qs = &b[2..18];
+            for s in 0..2 {
+                for &q in qs {
+                    out.push(d * f32::from(IQ4_LEVELS[usize::from((q >> (4 * s)) & 0x0f)]));
+                }
+            }
+        }
+        TYPE_IQ4_XS => {
+            let d = half_at(b, 0);
+            let scales_h = u16::from_le_bytes([b[2], b[3]]);
+            let (scales_l, qs) = (&b[4..8], &b[8..136]);
+            for ib in 0..8 {
+                let low = (scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0f;
+                let high = ((scales_h >> (2 * ib)) & 3) as u8;
+                let dl = d * f32::from((low | (high << 4)) as i8 - 32);
+                for s in 0..2 {
+                    for &q in &qs[ib * 16..ib * 16 + 16] {
+                        let level = IQ4_LEVELS[usize::from((q >> (4 * s)) & 0x0f)];
+                        out.push(dl * f32::from(level));
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// `None` when the type is not one we dequantize. `bytes` must be exactly the tensor's extent
@@ -631,7 +797,6 @@ pub(super) fn can_dequantize(type_id: u32) -> bool {
 /// rather than a panic.
 pub(super) fn dequantize_bytes(type_id: u32, bytes: &[u8], n: usize) -> Option<Vec<f32>> {
     let mut out = Vec::with_capacity(n);
-    let half_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
     match type_id {
         TYPE_F32 => out.extend(
             bytes
@@ -666,6 +831,16 @@ pub(super) fn dequantize_bytes(type_id: u32, bytes: &[u8], n: usize) -> Option<V
                 let qs = &block[4..];
                 out.extend(qs.iter().map(|&q| f32::from(q & 0x0f) * d + m));
                 out.extend(qs.iter().map(|&q| f32::from(q >> 4) * d + m));
+            }
+        }
+        TYPE_Q5_0 | TYPE_Q5_1 | TYPE_Q2_K | TYPE_Q3_K | TYPE_Q4_K | TYPE_Q5_K | TYPE_Q6_K
+        | TYPE_IQ4_NL | TYPE_IQ4_XS => {
+            let size = GGML_TYPES
+                .iter()
+                .find(|t| t.0 == type_id)
+                .map_or(1, |t| t.3 as usize);
+            for block in bytes.chunks_exact(size) {
+                dequantize_block(type_id, block, &mut out);
             }
         }
         _ => return None,
@@ -777,14 +952,18 @@ mod tests {
     #[test]
     fn unsupported_tensor_type_is_an_error_on_dequantize() {
         let mut w = Writer::new();
-        w.tensor("q5", &[32], 6, &[0; 22]);
+        w.tensor("iq2", &[256], 16, &[0; 66]);
         let dir = tempfile::tempdir().expect("tempdir");
-        let g = GgufFile::open(&write_file(&dir, "q5.gguf", &w.finish())).expect("open");
-        let t = g.tensor("q5").expect("tensor");
-        let err = g.dequantize(t).expect_err("Q5_0 is not supported");
+        let g = GgufFile::open(&write_file(&dir, "iq2.gguf", &w.finish())).expect("open");
+        let t = g.tensor("iq2").expect("tensor");
+        let err = g.dequantize(t).expect_err("IQ2_XXS is not supported");
         assert!(
-            matches!(&err, GgufError::UnsupportedTensorType { tensor, type_name: "Q5_0", .. } if tensor == "q5"),
+            matches!(&err, GgufError::UnsupportedTensorType { tensor, type_name: "IQ2_XXS", .. } if tensor == "iq2"),
             "{err}"
+        );
+        assert!(
+            err.to_string().contains("Q6_K"),
+            "names what is supported: {err}"
         );
     }
 

@@ -1,7 +1,8 @@
 //! GGUF model files: reading them and turning them into a Hugging Face model directory.
 //!
 //! This module owns everything GGUF-specific in falcon-rl: parsing the container (v2 and v3,
-//! little endian) over a memory map, dequantizing the tensor types we support to `f32`, mapping
+//! little endian) over a memory map, dequantizing the tensor types we support to `f32` (the
+//! legacy 4/5/8-bit blocks, the k-quants Q2_K-Q6_K and IQ4_NL/IQ4_XS), mapping
 //! llama.cpp's tensor names and layouts back to the Hugging Face ones for the `llama` and `qwen2`
 //! architectures, and rebuilding `config.json`, `generation_config.json` and the tokenizer files
 //! from the metadata. The reference for every choice is what `transformers` does when it loads
@@ -59,7 +60,7 @@ pub enum GgufError {
         type_id: u32,
     },
     /// A tensor's type is a real ggml type that we do not dequantize.
-    #[error("{}: tensor '{tensor}' has type {type_name} (id {type_id}), which cannot be dequantized here (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)", path.display())]
+    #[error("{}: tensor '{tensor}' has type {type_name} (id {type_id}), which cannot be dequantized here (supported: {})", path.display(), file::DEQUANTIZED_TYPES)]
     UnsupportedTensorType {
         path: PathBuf,
         tensor: String,
