@@ -10,7 +10,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::common::*;
 
-const FIXTURES: [&str; 2] = ["tiny-qwen2", "tiny-llama"];
+const FIXTURES: [&str; 3] = ["tiny-qwen2", "tiny-llama", "tiny-qwen3"];
 
 fn load(name: &str, dtype: Dtype) -> Policy {
     Policy::load(&fixture(name), dtype, Device::Cpu).expect("fixture loads")

@@ -52,7 +52,7 @@ fn randomise_lora_b(p: &Policy) {
 
 #[test]
 fn export_then_transformers_reload_gives_the_same_logits() {
-    for name in ["tiny-qwen2", "tiny-llama"] {
+    for name in ["tiny-qwen2", "tiny-llama", "tiny-qwen3"] {
         let p = Policy::load(&fixture(name), Dtype::Fp32, Device::Cpu).unwrap();
         let dir = tmpdir();
         let out = dir.path().join("export");
@@ -68,6 +68,87 @@ fn export_then_transformers_reload_gives_the_same_logits() {
         assert!(max_abs_diff(&our_logits(&back), &our_logits(&p)) < 1e-6);
         // Refuses to clobber without overwrite.
         assert!(export_hf(&p, &out, Dtype::Fp32, false).is_err());
+    }
+}
+
+/// One LoRA training step: the loss and every adapter gradient are
+/// transformers + PEFT's on the same model, adapter and tokens.
+#[test]
+fn lora_gradients_match_transformers_and_peft() {
+    for name in ["tiny-qwen2", "tiny-llama", "tiny-qwen3"] {
+        let mut p = Policy::load(&fixture(name), Dtype::Fp32, Device::Cpu).unwrap();
+        p.attach_lora(&LoraConfig {
+            enabled: true,
+            rank: 4,
+            alpha: 8.0,
+            dropout: 0.0,
+            targets: [
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ]
+            .map(String::from)
+            .to_vec(),
+        })
+        .unwrap();
+        // B = 0 would leave A without a gradient.
+        randomise_lora_b(&p);
+        let dir = tmpdir();
+        let adapter = dir.path().join("adapter");
+        export_peft(&p, &adapter, false).unwrap();
+        let out = dir.path().join("grads.safetensors");
+        run_python(
+            "fixtures/lora-grads.py",
+            &[
+                fixture(name).to_str().unwrap(),
+                adapter.to_str().unwrap(),
+                IDS,
+                out.to_str().unwrap(),
+            ],
+        );
+        let want = falcon_rl::model::weights::read_all(&out).unwrap();
+
+        let ids: Vec<Vec<i64>> = serde_json::from_str(IDS).unwrap();
+        let flat: Vec<i64> = ids.iter().flatten().copied().collect();
+        let t = Tensor::from_slice(&flat).view([2, 7]);
+        let logits = p
+            .model
+            .forward(&t, None, None, LogitsFor::All, true)
+            .unwrap();
+        let vocab = logits.size()[2];
+        let loss = logits
+            .narrow(1, 0, 6)
+            .reshape([-1, vocab])
+            .cross_entropy_for_logits(&t.narrow(1, 1, 6).reshape([-1]));
+        loss.backward();
+        let dl = (loss.double_value(&[]) - want["loss"].double_value(&[0])).abs();
+        assert!(dl < 1e-5, "{name}: loss differs by {dl}");
+        let params = trainable(&p);
+        assert_eq!(
+            params.len(),
+            want.len() - 1,
+            "{name}: the same LoRA parameters"
+        );
+        let mut worst = 0f64;
+        for (k, v) in &params {
+            let w = want
+                .get(k)
+                .unwrap_or_else(|| panic!("{name}: PEFT has no gradient for {k}"));
+            let g = v.grad();
+            let scale = w.abs().max().double_value(&[]).max(1e-6);
+            assert!(scale > 1e-6, "{name}: {k} has a gradient");
+            let rel = max_abs_diff(&g, w) / scale;
+            worst = worst.max(rel);
+            assert!(rel < 1e-4, "{name}: {k}: relative gradient error {rel:.2e}");
+        }
+        eprintln!(
+            "{name}: loss Δ {dl:.1e}, {} LoRA gradients, worst relative Δ {worst:.2e}",
+            params.len()
+        );
     }
 }
 

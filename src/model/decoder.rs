@@ -1,9 +1,11 @@
-//! The decoder-only transformer shared by the Qwen2 and Llama families:
-//! RMSNorm, rotary position embeddings (HF's rotate-half layout, with the
-//! config's theta and optional llama3 frequency scaling), grouped-query
-//! attention through libtorch's `scaled_dot_product_attention`, and a SwiGLU
-//! MLP. The two families differ only in which projections carry a bias and in
-//! their `config.json` fields; `qwen2.rs` and `llama.rs` own those mappings.
+//! The decoder-only transformer shared by the Qwen2, Qwen3 and Llama
+//! families: RMSNorm, rotary position embeddings (HF's rotate-half layout,
+//! with the config's theta and optional llama3 frequency scaling),
+//! grouped-query attention through libtorch's `scaled_dot_product_attention`,
+//! and a SwiGLU MLP. The families differ only in which projections carry a
+//! bias, whether q and k get a per-head RMSNorm (Qwen3), and their
+//! `config.json` fields; `qwen2.rs`, `qwen3.rs` and `llama.rs` own those
+//! mappings.
 //!
 //! Follows transformers' `modeling_qwen2.py` / `modeling_llama.py` op for op
 //! (RMSNorm in fp32 then cast back; cos/sin in fp32 then cast), so fp32
@@ -49,6 +51,9 @@ pub struct DecoderConfig {
     pub o_bias: bool,
     /// Bias on gate_proj, up_proj, down_proj.
     pub mlp_bias: bool,
+    /// An RMSNorm over each head of q and of k before RoPE (Qwen3's
+    /// `q_norm` / `k_norm`, weights of size `head_dim`).
+    pub qk_norm: bool,
     pub tie_word_embeddings: bool,
     pub max_position_embeddings: i64,
 }
@@ -176,6 +181,7 @@ impl HfDecoderFields {
             qkv_bias: false,
             o_bias: false,
             mlp_bias: false,
+            qk_norm: false,
             tie_word_embeddings: self.tie_word_embeddings,
             max_position_embeddings: self
                 .max_position_embeddings
@@ -398,6 +404,8 @@ struct Attention {
     v_proj: LoraLinear,
     o_proj: LoraLinear,
     qkv: Fused,
+    /// Qwen3's per-head RMSNorm weights for q and k, with the norm's eps.
+    qk_norm: Option<(Tensor, Tensor, f64)>,
     n_heads: i64,
     n_kv: i64,
     head_dim: i64,
@@ -432,8 +440,14 @@ impl Attention {
             qkv.next().expect("k"),
             qkv.next().expect("v"),
         );
-        let q = q.view([b, t, self.n_heads, self.head_dim]).transpose(1, 2);
-        let k = k.view([b, t, self.n_kv, self.head_dim]).transpose(1, 2);
+        let mut q = q.view([b, t, self.n_heads, self.head_dim]);
+        let mut k = k.view([b, t, self.n_kv, self.head_dim]);
+        if let Some((qn, kn, eps)) = &self.qk_norm {
+            q = rms_norm(&q, qn, *eps);
+            k = rms_norm(&k, kn, *eps);
+        }
+        let q = q.transpose(1, 2);
+        let k = k.transpose(1, 2);
         let v = v.view([b, t, self.n_kv, self.head_dim]).transpose(1, 2);
         let q = apply_rope(&q, &ctx.cos, &ctx.sin_signed);
         let k = apply_rope(&k, &ctx.cos, &ctx.sin_signed);
@@ -610,6 +624,13 @@ impl Decoder {
                         v_proj: LoraLinear::new(&a / "v_proj", h, kv_out, c.qkv_bias),
                         o_proj: LoraLinear::new(&a / "o_proj", q_out, h, c.o_bias),
                         qkv: Fused::default(),
+                        qk_norm: c.qk_norm.then(|| {
+                            (
+                                (&a / "q_norm").ones("weight", &[c.head_dim]),
+                                (&a / "k_norm").ones("weight", &[c.head_dim]),
+                                c.rms_norm_eps,
+                            )
+                        }),
                         n_heads: c.num_attention_heads,
                         n_kv: c.num_key_value_heads,
                         head_dim: c.head_dim,
@@ -1196,6 +1217,7 @@ mod tests {
             qkv_bias: false,
             o_bias: false,
             mlp_bias: false,
+            qk_norm: false,
             tie_word_embeddings: true,
             max_position_embeddings: 64,
         };

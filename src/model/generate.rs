@@ -171,6 +171,7 @@ pub fn encode_prompts(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     Qwen2,
+    Qwen3,
     Llama,
 }
 
@@ -179,6 +180,7 @@ impl Family {
     pub fn name(self) -> &'static str {
         match self {
             Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
             Family::Llama => "llama",
         }
     }
@@ -248,6 +250,10 @@ pub fn read_config(dir: &Path) -> Result<(Family, DecoderConfig, serde_json::Val
             let c: super::qwen2::Qwen2Config = serde_json::from_value(raw.clone()).map_err(bad)?;
             (Family::Qwen2, c.decoder_config())
         }
+        "qwen3" => {
+            let c: super::qwen3::Qwen3Config = serde_json::from_value(raw.clone()).map_err(bad)?;
+            (Family::Qwen3, c.decoder_config())
+        }
         "llama" => {
             let c: super::llama::LlamaConfig = serde_json::from_value(raw.clone()).map_err(bad)?;
             (Family::Llama, c.decoder_config())
@@ -255,7 +261,7 @@ pub fn read_config(dir: &Path) -> Result<(Family, DecoderConfig, serde_json::Val
         other => {
             return Err(ModelError::bad(
                 &path,
-                format!("model_type `{other}` is not supported (qwen2 and llama are)"),
+                format!("model_type `{other}` is not supported (qwen2, qwen3 and llama are)"),
             ))
         }
     };

@@ -26,7 +26,7 @@ pub struct LlamaConfig {
     pub mlp_bias: bool,
 }
 
-fn rope_scaling(v: &serde_json::Value) -> Result<Option<Llama3RopeScaling>, String> {
+pub(super) fn rope_scaling(v: &serde_json::Value) -> Result<Option<Llama3RopeScaling>, String> {
     let ty = v
         .get("rope_type")
         .or_else(|| v.get("type"))

@@ -1,4 +1,4 @@
-//! The policy model: a decoder LM for the Qwen2 and Llama families on libtorch
+//! The policy model: a decoder LM for the Qwen2, Qwen3 and Llama families on libtorch
 //! (through `tch`), HF checkpoint loading and export, LoRA, the tokenizer with
 //! its chat template, batched sampling with a caller-owned KV cache,
 //! shared-prefix scoring of completions (`Decoder::shared_prefix_logprobs`,
@@ -24,6 +24,7 @@ pub mod lora;
 pub mod open;
 pub mod openai;
 pub mod qwen2;
+pub mod qwen3;
 pub mod sampling;
 #[doc(hidden)]
 pub mod testing;
