@@ -53,7 +53,8 @@ fn every_dequantiser_matches_the_gguf_package_bit_for_bit() {
 
 /// A whole tiny model whose matrices are k-quants, IQ4 and 5-bit blocks
 /// (built by the committed fixture script) converts to an HF directory
-/// whose fp32 logits are transformers' on the same GGUF file.
+/// whose fp32 logits are transformers' on the same GGUF file: for the qwen2,
+/// qwen3 (its metadata and q/k norms) and llama architectures.
 #[test]
 fn a_kquant_model_converts_to_the_logits_transformers_gets() {
     use falcon_rl::model::decoder::LogitsFor;
@@ -64,7 +65,7 @@ fn a_kquant_model_converts_to_the_logits_transformers_gets() {
 
     let work = tmpdir();
     let gguf = work.path().join("kquants.gguf");
-    for arch in ["qwen2", "llama"] {
+    for arch in ["qwen2", "qwen3", "llama"] {
         run_python(
             "fixtures/make-gguf-fixture.py",
             &[

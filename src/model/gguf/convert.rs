@@ -1,5 +1,5 @@
 //! A GGUF file as a Hugging Face model directory: llama.cpp's tensor
-//! names and layouts mapped back for `llama` and `qwen2`, `config.json`
+//! names and layouts mapped back for `llama`, `qwen2` and `qwen3`, `config.json`
 //! and `generation_config.json` from the metadata, and the weights as
 //! safetensors, as `transformers` loads the same file.
 
@@ -89,6 +89,7 @@ pub struct ConvertSummary {
 pub(super) enum Arch {
     Llama,
     Qwen2,
+    Qwen3,
 }
 
 impl Arch {
@@ -96,6 +97,7 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
         }
     }
 
@@ -103,6 +105,7 @@ impl Arch {
         match self {
             Arch::Llama => "LlamaForCausalLM",
             Arch::Qwen2 => "Qwen2ForCausalLM",
+            Arch::Qwen3 => "Qwen3ForCausalLM",
         }
     }
 }
@@ -132,6 +135,8 @@ pub(super) fn hf_tensor_name(gguf_name: &str) -> Option<String> {
         "attn_k" => "self_attn.k_proj",
         "attn_v" => "self_attn.v_proj",
         "attn_output" => "self_attn.o_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
         "ffn_gate" => "mlp.gate_proj",
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
@@ -179,6 +184,7 @@ pub(super) struct Hparams {
     pub(super) rope_theta: f64,
     pub(super) context: Option<u64>,
     pub(super) head_dim: Option<u64>,
+    pub(super) key_length: Option<u64>,
     pub(super) vocab_size: Option<u64>,
 }
 
@@ -206,6 +212,7 @@ pub(super) fn read_hparams(g: &GgufFile, arch: &str) -> Result<Hparams, GgufErro
         rope_theta: g.opt_f64(&key("rope.freq_base"))?.unwrap_or(10000.0),
         context: g.opt_u64(&key("context_length"))?,
         head_dim: g.opt_u64(&key("rope.dimension_count"))?,
+        key_length: g.opt_u64(&key("attention.key_length"))?,
         vocab_size: g.opt_u64(&key("vocab_size"))?,
     })
 }
@@ -232,6 +239,12 @@ pub(super) fn build_config(
         if let Some(hd) = hp.head_dim {
             c.insert("head_dim".into(), json!(hd));
         }
+        c.insert("attention_bias".into(), json!(attention_bias));
+    }
+    if arch == Arch::Qwen3 {
+        // llama.cpp writes Qwen3's head size as attention.key_length;
+        // transformers reads no key for it and keeps Qwen3Config's 128.
+        c.insert("head_dim".into(), json!(hp.key_length.unwrap_or(128)));
         c.insert("attention_bias".into(), json!(attention_bias));
     }
     c.insert("hidden_act".into(), json!("silu"));
@@ -276,7 +289,7 @@ pub(super) struct OutTensor<'a> {
 /// Converts the GGUF at `gguf` into a Hugging Face model directory `out_dir` (created if needed):
 /// `model.safetensors` (HF names and shapes, `dtype`, `{"format":"pt"}` metadata), `config.json`,
 /// `generation_config.json`, `tokenizer.json`, `tokenizer_config.json` and
-/// `special_tokens_map.json`. Each file is written atomically. Supports the `llama` and `qwen2`
+/// `special_tokens_map.json`. Each file is written atomically. Supports the `llama`, `qwen2` and `qwen3`
 /// architectures with a `gpt2` (byte-level BPE) tokenizer.
 pub fn convert_to_hf(
     gguf: &Path,
@@ -294,10 +307,11 @@ pub fn convert_to_hf(
     let arch = match arch_name.as_str() {
         "llama" => Arch::Llama,
         "qwen2" => Arch::Qwen2,
+        "qwen3" => Arch::Qwen3,
         other => {
             return Err(GgufError::Unsupported {
                 path: g.path.clone(),
-                what: format!("architecture '{other}' (supported: llama, qwen2)"),
+                what: format!("architecture '{other}' (supported: llama, qwen2, qwen3)"),
             })
         }
     };

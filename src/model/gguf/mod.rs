@@ -3,7 +3,7 @@
 //! This module owns everything GGUF-specific in falcon-rl: parsing the container (v2 and v3,
 //! little endian) over a memory map, dequantizing the tensor types we support to `f32` (the
 //! legacy 4/5/8-bit blocks, the k-quants Q2_K-Q6_K and IQ4_NL/IQ4_XS), mapping
-//! llama.cpp's tensor names and layouts back to the Hugging Face ones for the `llama` and `qwen2`
+//! llama.cpp's tensor names and layouts back to the Hugging Face ones for the `llama`, `qwen2` and `qwen3`
 //! architectures, and rebuilding `config.json`, `generation_config.json` and the tokenizer files
 //! from the metadata. The reference for every choice is what `transformers` does when it loads
 //! the same file with `from_pretrained(..., gguf_file=...)`, so that a converted directory and
