@@ -10,7 +10,13 @@ use tch::{Device, Kind, Tensor};
 
 use crate::common::*;
 
-const FIXTURES: [&str; 3] = ["tiny-qwen2", "tiny-llama", "tiny-qwen3"];
+const FIXTURES: [&str; 5] = [
+    "tiny-qwen2",
+    "tiny-llama",
+    "tiny-qwen3",
+    "tiny-llama-linear",
+    "tiny-qwen2-yarn",
+];
 
 fn load(name: &str, dtype: Dtype) -> Policy {
     Policy::load(&fixture(name), dtype, Device::Cpu).expect("fixture loads")

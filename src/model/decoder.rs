@@ -32,6 +32,105 @@ pub struct Llama3RopeScaling {
     pub original_max_position_embeddings: f64,
 }
 
+/// YaRN RoPE scaling (`rope_type = "yarn"`: long-context Qwen2.5, Qwen3).
+#[derive(Debug, Clone, PartialEq)]
+pub struct YarnRopeScaling {
+    pub factor: f64,
+    pub original_max_position_embeddings: f64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    /// What cos and sin are multiplied by.
+    pub attention_factor: f64,
+    pub truncate: bool,
+}
+
+/// The RoPE frequency scalings read from `rope_parameters` / `rope_scaling`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    Llama3(Llama3RopeScaling),
+    /// Positions divided by `factor` (DeepSeek-Coder, CodeLlama's long
+    /// variants): every inverse frequency over `factor`.
+    Linear {
+        factor: f64,
+    },
+    Yarn(YarnRopeScaling),
+}
+
+/// A `rope_parameters` / `rope_scaling` object as transformers reads it;
+/// `None` for the default RoPE, an error naming the type or the field for
+/// anything not implemented. `max_positions` is the config's
+/// `max_position_embeddings` (YaRN derives a missing factor from it).
+pub fn parse_rope_scaling(
+    v: &serde_json::Value,
+    max_positions: Option<i64>,
+) -> Result<Option<RopeScaling>, String> {
+    let ty = v
+        .get("rope_type")
+        .or_else(|| v.get("type"))
+        .and_then(|t| t.as_str())
+        .unwrap_or("default");
+    let opt = |k: &str| v.get(k).and_then(|x| x.as_f64());
+    let num = |k: &str| opt(k).ok_or_else(|| format!("rope scaling `{ty}` needs a numeric `{k}`"));
+    if let Some(p) = opt("partial_rotary_factor").filter(|p| *p != 1.0) {
+        return Err(format!(
+            "partial_rotary_factor = {p} is not supported (rotary over the whole head only)"
+        ));
+    }
+    match ty {
+        "default" => Ok(None),
+        "llama3" => Ok(Some(RopeScaling::Llama3(Llama3RopeScaling {
+            factor: num("factor")?,
+            low_freq_factor: num("low_freq_factor")?,
+            high_freq_factor: num("high_freq_factor")?,
+            original_max_position_embeddings: num("original_max_position_embeddings")?,
+        }))),
+        "linear" => Ok(Some(RopeScaling::Linear {
+            factor: num("factor")?,
+        })),
+        "yarn" => {
+            let original = num("original_max_position_embeddings")?;
+            let factor = match opt("factor") {
+                Some(f) => f,
+                None => {
+                    max_positions.ok_or("rope scaling `yarn` needs `factor`")? as f64 / original
+                }
+            };
+            // transformers' `get_mscale`.
+            let mscale = |scale: f64, m: f64| {
+                if scale <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * m * scale.ln() + 1.0
+                }
+            };
+            let attention_factor = match (
+                opt("attention_factor"),
+                opt("mscale"),
+                opt("mscale_all_dim"),
+            ) {
+                (Some(a), _, _) => a,
+                (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                    mscale(factor, m) / mscale(factor, all)
+                }
+                _ => mscale(factor, 1.0),
+            };
+            // `or`: transformers takes a 0 as unset too.
+            let beta = |k: &str, d: f64| opt(k).filter(|b| *b != 0.0).unwrap_or(d);
+            Ok(Some(RopeScaling::Yarn(YarnRopeScaling {
+                factor,
+                original_max_position_embeddings: original,
+                beta_fast: beta("beta_fast", 32.0),
+                beta_slow: beta("beta_slow", 1.0),
+                attention_factor,
+                truncate: v.get("truncate").and_then(|t| t.as_bool()).unwrap_or(true),
+            })))
+        }
+        other => Err(format!(
+            "rope scaling type `{other}` is not supported (default, linear, llama3 and yarn are)"
+        )),
+    }
+}
+
 /// Architecture hyper-parameters, family-independent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecoderConfig {
@@ -44,7 +143,7 @@ pub struct DecoderConfig {
     pub head_dim: i64,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
-    pub rope_scaling: Option<Llama3RopeScaling>,
+    pub rope_scaling: Option<RopeScaling>,
     /// Bias on q_proj, k_proj, v_proj.
     pub qkv_bias: bool,
     /// Bias on o_proj.
@@ -90,6 +189,14 @@ impl DecoderConfig {
         Ok(())
     }
 
+    /// What RoPE's cos and sin are multiplied by (YaRN's attention factor).
+    fn rope_attention_scale(&self) -> f64 {
+        match &self.rope_scaling {
+            Some(RopeScaling::Yarn(y)) => y.attention_factor,
+            _ => 1.0,
+        }
+    }
+
     /// Rotary inverse frequencies, computed in fp32 like the reference.
     fn inv_freq(&self) -> Vec<f32> {
         let dim = self.head_dim;
@@ -98,23 +205,62 @@ impl DecoderConfig {
             .step_by(2)
             .map(|i| 1.0f32 / base.powf(i as f32 / dim as f32))
             .collect();
-        if let Some(s) = &self.rope_scaling {
-            // transformers' `_compute_llama3_parameters`.
-            let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
-            let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
-            for f in inv.iter_mut() {
-                let freq = *f as f64;
-                let wavelen = 2.0 * std::f64::consts::PI / freq;
-                let scaled = if wavelen > low_wavelen {
-                    freq / s.factor
-                } else if wavelen < high_wavelen {
-                    freq
-                } else {
-                    let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor)
-                        / (s.high_freq_factor - s.low_freq_factor);
-                    (1.0 - smooth) * freq / s.factor + smooth * freq
+        match &self.rope_scaling {
+            None => {}
+            Some(RopeScaling::Linear { factor }) => {
+                let factor = *factor as f32;
+                inv.iter_mut().for_each(|f| *f /= factor);
+            }
+            Some(RopeScaling::Llama3(s)) => {
+                // transformers' `_compute_llama3_parameters`.
+                let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+                let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+                for f in inv.iter_mut() {
+                    let freq = *f as f64;
+                    let wavelen = 2.0 * std::f64::consts::PI / freq;
+                    let scaled = if wavelen > low_wavelen {
+                        freq / s.factor
+                    } else if wavelen < high_wavelen {
+                        freq
+                    } else {
+                        let smooth = (s.original_max_position_embeddings / wavelen
+                            - s.low_freq_factor)
+                            / (s.high_freq_factor - s.low_freq_factor);
+                        (1.0 - smooth) * freq / s.factor + smooth * freq
+                    };
+                    *f = scaled as f32;
+                }
+            }
+            Some(RopeScaling::Yarn(y)) => {
+                // transformers' `_compute_yarn_parameters`, in its precisions:
+                // the correction range in f64, the frequencies in f32.
+                let d = dim as f64;
+                let theta = self.rope_theta;
+                let correction = |rotations: f64| {
+                    d * (y.original_max_position_embeddings
+                        / (rotations * 2.0 * std::f64::consts::PI))
+                        .ln()
+                        / (2.0 * theta.ln())
                 };
-                *f = scaled as f32;
+                let (mut low, mut high) = (correction(y.beta_fast), correction(y.beta_slow));
+                if y.truncate {
+                    low = low.floor();
+                    high = high.ceil();
+                }
+                let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+                if low == high {
+                    high += 0.001;
+                }
+                let (low32, span32) = (low as f32, (high - low) as f32);
+                let factor = y.factor as f32;
+                for (i, f) in inv.iter_mut().enumerate() {
+                    let pos_freq = base.powf((2 * i) as f32 / dim as f32);
+                    let extrapolation = 1.0 / pos_freq;
+                    let interpolation = 1.0 / (factor * pos_freq);
+                    let ramp = ((i as f32 - low32) / span32).clamp(0.0, 1.0);
+                    let keep = 1.0 - ramp;
+                    *f = interpolation * (1.0 - keep) + extrapolation * keep;
+                }
             }
         }
         inv
@@ -160,6 +306,19 @@ impl HfDecoderFields {
             .and_then(|r| r.get("rope_theta"))
             .and_then(|t| t.as_f64())
             .unwrap_or(self.rope_theta)
+    }
+
+    /// The RoPE scaling of `rope_parameters` (transformers >= 5), else of
+    /// the older `rope_scaling` field the family passes in.
+    pub fn rope_scaling(
+        &self,
+        legacy: Option<&serde_json::Value>,
+    ) -> Result<Option<RopeScaling>, String> {
+        match (&self.rope_parameters, legacy) {
+            (Some(p), _) => parse_rope_scaling(p, self.max_position_embeddings),
+            (None, Some(s)) if !s.is_null() => parse_rope_scaling(s, self.max_position_embeddings),
+            _ => Ok(None),
+        }
     }
 
     /// The family-independent part of the decoder config; the caller sets
@@ -731,7 +890,12 @@ impl Decoder {
     /// dtype, computed in fp32 like the reference.
     fn rope_tables(&self, pos: &Tensor, kind: Kind) -> (Tensor, Tensor) {
         let freqs = pos.to_kind(Kind::Float).unsqueeze(-1) * self.inv_freq.view([1, 1, -1]);
-        let (c, s) = (freqs.cos(), freqs.sin());
+        let (mut c, mut s) = (freqs.cos(), freqs.sin());
+        let scale = self.config.rope_attention_scale();
+        if scale != 1.0 {
+            c *= scale;
+            s *= scale;
+        }
         let cos = Tensor::cat(&[&c, &c], -1).unsqueeze(1);
         let sin_signed = Tensor::cat(&[&s.neg(), &s], -1).unsqueeze(1);
         (cos.to_kind(kind), sin_signed.to_kind(kind))
@@ -1201,6 +1365,39 @@ impl Block {
 mod tests {
     use super::*;
     use tch::nn::VarStore;
+
+    #[test]
+    fn rope_scaling_types_are_read_or_refused_by_name() {
+        let j = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+        assert_eq!(
+            parse_rope_scaling(&j(r#"{"rope_type": "default"}"#), None),
+            Ok(None)
+        );
+        assert_eq!(
+            parse_rope_scaling(&j(r#"{"type": "linear", "factor": 2.0}"#), None),
+            Ok(Some(RopeScaling::Linear { factor: 2.0 }))
+        );
+        // YaRN without a factor takes max / original positions, and the
+        // attention factor of the paper.
+        let Ok(Some(RopeScaling::Yarn(y))) = parse_rope_scaling(
+            &j(r#"{"rope_type": "yarn", "original_max_position_embeddings": 32768}"#),
+            Some(131072),
+        ) else {
+            panic!("yarn")
+        };
+        assert_eq!(
+            (y.factor, y.beta_fast, y.beta_slow, y.truncate),
+            (4.0, 32.0, 1.0, true)
+        );
+        assert!((y.attention_factor - (1.0 + 0.1 * 4f64.ln())).abs() < 1e-12);
+        let e =
+            parse_rope_scaling(&j(r#"{"rope_type": "dynamic", "factor": 2.0}"#), None).unwrap_err();
+        assert!(e.contains("`dynamic`") && e.contains("yarn"), "{e}");
+        let e = parse_rope_scaling(&j(r#"{"rope_type": "linear"}"#), None).unwrap_err();
+        assert!(e.contains("`factor`"), "{e}");
+        let e = parse_rope_scaling(&j(r#"{"partial_rotary_factor": 0.5}"#), None).unwrap_err();
+        assert!(e.contains("partial_rotary_factor"), "{e}");
+    }
 
     fn tiny() -> (VarStore, Decoder) {
         let cfg = DecoderConfig {

@@ -3,8 +3,8 @@
 //! Qwen3 drops the q/k/v bias (`attention_bias`, false in every release),
 //! normalises each head of q and k with an RMSNorm before RoPE
 //! (`self_attn.q_norm` / `k_norm`), and sets `head_dim` on its own (128,
-//! whatever hidden / heads is). Sliding-window attention and RoPE scaling
-//! other than llama3's are refused, naming the field.
+//! whatever hidden / heads is). RoPE scaling is read as for every family
+//! (linear, llama3, yarn); sliding-window attention is refused.
 //!
 //! Reference: transformers `models/qwen3/modeling_qwen3.py`.
 //!
@@ -33,13 +33,8 @@ impl Qwen3Config {
         if self.use_sliding_window {
             return Err("use_sliding_window = true is not supported".into());
         }
-        let scaling = match (&self.common.rope_parameters, &self.rope_scaling) {
-            (Some(p), _) => super::llama::rope_scaling(p)?,
-            (None, Some(s)) if !s.is_null() => super::llama::rope_scaling(s)?,
-            _ => None,
-        };
         Ok(DecoderConfig {
-            rope_scaling: scaling,
+            rope_scaling: self.common.rope_scaling(self.rope_scaling.as_ref())?,
             qkv_bias: self.attention_bias,
             o_bias: self.attention_bias,
             qk_norm: true,
