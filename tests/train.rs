@@ -1194,3 +1194,60 @@ fn the_lm_judge_trains_within_its_budget_and_resumes_exactly() {
         );
     }
 }
+
+/// `--set` reaches the run (recorded in its config.toml), may extend a
+/// resumed run, and may not change what the checkpoint was trained with.
+#[test]
+fn set_overrides_are_recorded_and_checked_on_resume() {
+    let dir = tmpdir();
+    setup(dir.path());
+    let cfg_path = dir.path().join("run.toml");
+    let mut cfg = config(dir.path(), 1, 62421);
+    cfg.run.name = "set".into();
+    cfg.train.checkpoint_every = 1;
+    cfg.train.eval_after = false;
+    std::fs::write(&cfg_path, toml::to_string(&cfg).unwrap()).unwrap();
+    let falcon = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_falcon"))
+            .args(["train", "--config", cfg_path.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = falcon(&["--set", "train.lr=0.00042", "--set", "train.steps=1"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let saved: falcon_rl::config::RunConfig =
+        toml::from_str(&std::fs::read_to_string(dir.path().join("runs/set/config.toml")).unwrap())
+            .unwrap();
+    assert_eq!(saved.train.lr, 0.00042, "the override is what trained");
+
+    // A typo is refused before anything runs, naming the closest key.
+    let o = falcon(&["--resume", "--set", "train.stpes=2"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("did you mean `train.steps`"), "{err}");
+
+    // Changing the learning rate of a trained run is refused on resume.
+    let o = falcon(&["--resume", "--set", "train.lr=0.001"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("train.lr: trained with") && err.contains("0.001"),
+        "{err}"
+    );
+
+    // Going on for longer is what resume is for.
+    let o = falcon(&[
+        "--resume",
+        "--set",
+        "train.lr=0.00042",
+        "--set",
+        "train.steps=2",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("resumed from"), "{err}");
+    let m = read_metrics(&dir.path().join("runs/set/metrics.jsonl"));
+    assert_eq!(m.iter().map(|r| r.step).collect::<Vec<_>>(), [0, 1]);
+}

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use super::{usage, LockArgs};
+use super::{usage, LockArgs, SetArgs};
 use falcon_rl::config::Job;
 use falcon_rl::report::ablation::{finish_variant, summary_markdown, write_summary, SummaryError};
 use falcon_rl::run_dir::RunDir;
@@ -25,6 +25,10 @@ pub struct AblateArgs {
     dry_run: bool,
     #[command(flatten)]
     lock: LockArgs,
+    /// Applied to every variant after the grid's own top-level `set` and
+    /// before each variant's keys.
+    #[command(flatten)]
+    set: SetArgs,
 }
 
 /// A failed write is ours; a grid, base or run directory that cannot be
@@ -46,7 +50,8 @@ fn summary_error(e: SummaryError) -> anyhow::Error {
 }
 
 pub fn run(args: AblateArgs) -> Result<()> {
-    let grid = Grid::load(&args.grid).map_err(ablate_error)?;
+    let mut grid = Grid::load(&args.grid).map_err(ablate_error)?;
+    grid.set.extend(args.set.set.iter().cloned());
     let out = grid.output_dir().map_err(ablate_error)?;
     // Every variant's config first: a typo in the last one should not
     // surface after hours of training the others.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Subcommand, ValueEnum};
 
-use super::usage;
+use super::{usage, SetArgs};
 use falcon_rl::config::{ConfigError, Job, RunConfig};
 
 #[derive(Subcommand)]
@@ -18,9 +18,15 @@ pub enum ConfigCmd {
         /// The command the config is for: train, sft or eval.
         #[arg(long = "for", value_enum, default_value_t = JobArg::Train)]
         job: JobArg,
+        #[command(flatten)]
+        set: SetArgs,
     },
     /// Print the resolved configuration, defaults included.
-    Show { file: PathBuf },
+    Show {
+        file: PathBuf,
+        #[command(flatten)]
+        set: SetArgs,
+    },
 }
 
 /// `--for`.
@@ -43,9 +49,9 @@ impl JobArg {
 
 pub fn run(cmd: ConfigCmd) -> Result<()> {
     match cmd {
-        ConfigCmd::Check { file, job } => {
+        ConfigCmd::Check { file, job, set } => {
             let job = job.job();
-            match RunConfig::load_for(&file, job) {
+            match RunConfig::load_for_with(&file, &set.set, job) {
                 Ok(cfg) => {
                     let problems = falcon_rl::reward::custom::check_all(&cfg.reward.custom);
                     if !problems.is_empty() {
@@ -68,8 +74,9 @@ pub fn run(cmd: ConfigCmd) -> Result<()> {
                 Err(e) => Err(usage(e)),
             }
         }
-        ConfigCmd::Show { file } => {
-            let cfg = RunConfig::load(&file).map_err(usage)?;
+        ConfigCmd::Show { file, set } => {
+            let cfg = RunConfig::from_file_with(&file, &set.set).map_err(usage)?;
+            cfg.validate().map_err(usage)?;
             print!("{}", cfg.to_toml_string()?);
             Ok(())
         }

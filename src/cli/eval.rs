@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 
-use super::{hold_lock, open_policy, usage, LockArgs, Progress, UsageError};
+use super::{hold_lock, open_policy, usage, LockArgs, Progress, SetArgs, UsageError};
 use falcon_rl::config::{Job, RunConfig, StrategyKind};
 use falcon_rl::eval::job::{needs_policy, partial_dir, prepare_output, Progress as EvalProgress};
 use falcon_rl::eval::{eval_tasks, rescore, EvalError, EvalResult};
@@ -44,6 +44,8 @@ pub struct EvalArgs {
     overwrite: bool,
     #[command(flatten)]
     lock: LockArgs,
+    #[command(flatten)]
+    set: SetArgs,
 }
 
 #[derive(Subcommand)]
@@ -115,7 +117,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
         )
         .into());
     };
-    let mut cfg = RunConfig::from_file(config).map_err(usage)?;
+    let mut cfg = RunConfig::from_file_with(config, &args.set.set).map_err(usage)?;
     // --memory RUN_DIR is FALCON prompting whatever [strategy] kind says.
     if let Some(run) = &args.memory {
         cfg.strategy.kind = StrategyKind::Falcon;

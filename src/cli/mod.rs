@@ -65,6 +65,17 @@ pub fn usage(e: impl std::fmt::Display) -> anyhow::Error {
     UsageError(e.to_string()).into()
 }
 
+/// `--set KEY=VALUE` (repeatable), for every command that reads a run
+/// config: applied to the file's keys before the one config check.
+#[derive(Args, Clone, Debug, Default)]
+pub struct SetArgs {
+    /// Override a config key, e.g. `--set train.lr=1e-5 --set
+    /// model.path=Qwen/Qwen2.5-Coder-1.5B` (a TOML value, or a plain
+    /// string); recorded in the run's config.toml.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = falcon_rl::config::parse_set)]
+    pub set: Vec<falcon_rl::config::Override>,
+}
+
 /// `--allow-unlocked`, for every command that writes a run directory.
 #[derive(Args, Clone, Copy, Debug, Default)]
 pub struct LockArgs {

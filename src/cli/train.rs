@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Args;
 
-use super::{hold_lock, usage, LockArgs};
+use super::{hold_lock, usage, LockArgs, SetArgs};
 use falcon_rl::config::{Job, RunConfig};
 use falcon_rl::eval::EvalResult;
 use falcon_rl::run_dir::RunDir;
@@ -27,16 +27,85 @@ pub struct TrainArgs {
     overwrite: bool,
     #[command(flatten)]
     lock: LockArgs,
+    #[command(flatten)]
+    set: SetArgs,
 }
 
 pub fn run(args: TrainArgs, job: Job) -> Result<()> {
-    let cfg = RunConfig::from_file(&args.config).map_err(usage)?;
+    let cfg = RunConfig::from_file_with(&args.config, &args.set.set).map_err(usage)?;
+    if args.resume {
+        resume_keeps_what_was_trained(&cfg, &args.set.set)?;
+    }
     let start = match (args.resume, args.overwrite) {
         (true, _) => Start::Resume,
         (_, true) => Start::Overwrite,
         _ => Start::New,
     };
     train(&cfg, job, start, args.lock)
+}
+
+/// The `--set` keys that may differ from the run being resumed: how long
+/// it goes on, how often it saves and evaluates, and the held-out
+/// evaluation itself (docs/config.md lists them).
+pub const RESUMABLE: &[&str] = &[
+    "train.steps",
+    "train.max_minutes",
+    "train.checkpoint_every",
+    "train.keep_last",
+    "train.eval_every",
+    "train.eval_after",
+    "eval.",
+    "exec.workers",
+];
+
+/// On `--resume`, a `--set` that changes what the checkpoint was trained
+/// with (anything outside [`RESUMABLE`]) is refused, naming the key and
+/// both values.
+fn resume_keeps_what_was_trained(
+    cfg: &RunConfig,
+    set: &[falcon_rl::config::Override],
+) -> Result<()> {
+    let saved_path = falcon_rl::run_dir::RunDir::of(cfg).config();
+    let Ok(saved) = std::fs::read_to_string(&saved_path) else {
+        return Ok(());
+    };
+    let saved: toml::Table = toml::from_str(&saved)
+        .map_err(|e| usage(format!("{}: not a run config: {e}", saved_path.display())))?;
+    let now: toml::Table = toml::from_str(&cfg.to_toml_string()?)?;
+    let get = |t: &toml::Table, key: &str| -> Option<toml::Value> {
+        let mut v = toml::Value::Table(t.clone());
+        for part in key.split('.') {
+            v = v.get(part)?.clone();
+        }
+        Some(v)
+    };
+    let mut changed = Vec::new();
+    for (key, _) in set {
+        if RESUMABLE
+            .iter()
+            .any(|r| key == r || (r.ends_with('.') && key.starts_with(r)))
+        {
+            continue;
+        }
+        let (was, is) = (get(&saved, key), get(&now, key));
+        if was != is {
+            let show = |v: Option<toml::Value>| v.map_or("(unset)".into(), |v| v.to_string());
+            changed.push(format!(
+                "{key}: trained with {}, now {}",
+                show(was),
+                show(is)
+            ));
+        }
+    }
+    if changed.is_empty() {
+        return Ok(());
+    }
+    Err(usage(format!(
+        "--resume: --set would change what {} was trained with:\n  {}\nstart a new run (another run.name) or resume without it; keys that may change on resume: {}",
+        saved_path.parent().unwrap_or(&saved_path).display(),
+        changed.join("\n  "),
+        RESUMABLE.join(", ")
+    )))
 }
 
 /// A training error as the CLI reports it: a config or task file that does

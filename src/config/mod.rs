@@ -27,6 +27,7 @@ mod generation;
 mod memory;
 mod meta;
 mod model;
+mod overrides;
 mod reward;
 mod rollout;
 mod run;
@@ -41,6 +42,7 @@ pub use generation::GenerationConfig;
 pub use memory::*;
 pub use meta::{MetaAlgorithm, MetaConfig, MetaPrompt};
 pub use model::*;
+pub use overrides::{apply_overrides, closest, parse_set, Override};
 pub use reward::*;
 pub use rollout::{EngineKind, RolloutConfig, VllmConfig};
 pub use run::RunSection;
@@ -220,11 +222,44 @@ impl RunConfig {
     /// The paths of `[[reward.custom]]` terms are relative to the file and
     /// come back absolute, so the copy a run saves works from anywhere.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        Self::from_file_with(path, &[])
+    }
+
+    /// [`RunConfig::from_file`] with `--set` overrides applied to the file's
+    /// keys before they are parsed, so they meet the same schema and checks.
+    pub fn from_file_with(path: &Path, set: &[Override]) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        let mut config = Self::from_toml_str(&text, &path.display().to_string())?;
+        let source = path.display().to_string();
+        let mut config = if set.is_empty() {
+            Self::from_toml_str(&text, &source)?
+        } else {
+            let mut table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
+            apply_overrides(&mut table, set).map_err(|message| ConfigError::Parse {
+                path: PathBuf::from("--set"),
+                message,
+            })?;
+            toml::Value::Table(table)
+                .try_into::<RunConfig>()
+                .map_err(|e| {
+                    let message = e.to_string();
+                    match overrides::explain_unknown(&message, set) {
+                        Some((key, m)) => ConfigError::Parse {
+                            path: PathBuf::from(format!("--set {key}")),
+                            message: m,
+                        },
+                        None => ConfigError::Parse {
+                            path: PathBuf::from(format!("{source} with --set")),
+                            message: message.trim().replace('\n', " "),
+                        },
+                    }
+                })?
+        };
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),
@@ -247,7 +282,12 @@ impl RunConfig {
     /// Reads, parses and [checks](RunConfig::check) a TOML file for `job`:
     /// the one call a command that runs a job needs.
     pub fn load_for(path: &Path, job: Job) -> Result<Self, ConfigError> {
-        let config = Self::from_file(path)?;
+        Self::load_for_with(path, &[], job)
+    }
+
+    /// [`RunConfig::load_for`] with `--set` overrides.
+    pub fn load_for_with(path: &Path, set: &[Override], job: Job) -> Result<Self, ConfigError> {
+        let config = Self::from_file_with(path, set)?;
         config.check(job)?;
         Ok(config)
     }

@@ -25,6 +25,9 @@ pub use crate::run_dir::ABLATE_DONE as DONE_FILE;
 /// the grid that resolves the variant differently refuses to mix the two.
 pub use crate::run_dir::CONFIG as CONFIG_FILE;
 
+/// A variant's keys are set as `--set` sets them.
+pub use crate::config::apply_overrides;
+
 /// Problems with a grid, a variant or its run directory.
 #[derive(Debug, thiserror::Error)]
 pub enum AblateError {
@@ -275,78 +278,6 @@ fn parse_config(table: toml::Table) -> Result<RunConfig, String> {
         .try_into::<RunConfig>()
         // toml puts "in `section`" on a line of its own.
         .map_err(|e| e.to_string().trim().replace('\n', " "))
-}
-
-/// Set each dotted key of `set` in `table`, creating missing tables on the
-/// way. In an array of tables (`[[reward.custom]]`) the next part of the
-/// key picks the table by its `name` (`reward.custom.lint.weight`). A key
-/// whose path runs through a value that is not a table is an error naming
-/// both.
-pub fn apply_overrides(
-    table: &mut toml::Table,
-    set: &[(String, toml::Value)],
-) -> Result<(), String> {
-    for (key, value) in set {
-        let parts: Vec<&str> = key.split('.').collect();
-        if parts.iter().any(|p| p.is_empty()) {
-            return Err(format!("{key:?} is not a dotted config key"));
-        }
-        let (last, path) = parts.split_last().expect("split yields one part");
-        let mut t = &mut *table;
-        let mut i = 0;
-        while i < path.len() {
-            let p = path[i];
-            let entry = t
-                .entry(p.to_string())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            if let toml::Value::Array(items) = entry {
-                if !items.iter().all(toml::Value::is_table) {
-                    return Err(format!(
-                        "{key}: {} is a list, not a section",
-                        parts[..=i].join(".")
-                    ));
-                }
-                let Some(&name) = path.get(i + 1) else {
-                    return Err(format!(
-                        "{key}: {} is a list of tables; name one: {}.NAME.key",
-                        parts[..=i].join("."),
-                        parts[..=i].join(".")
-                    ));
-                };
-                let names: Vec<String> = items
-                    .iter()
-                    .filter_map(|v| v.get("name").and_then(|n| n.as_str()).map(str::to_owned))
-                    .collect();
-                i += 1;
-                t = match items
-                    .iter_mut()
-                    .find(|v| v.get("name").and_then(|n| n.as_str()) == Some(name))
-                {
-                    Some(toml::Value::Table(inner)) => inner,
-                    _ => {
-                        return Err(format!(
-                            "{key}: {} has no entry named {name:?} (it has: {})",
-                            parts[..i].join("."),
-                            names.join(", ")
-                        ))
-                    }
-                };
-            } else {
-                t = match entry {
-                    toml::Value::Table(inner) => inner,
-                    other => {
-                        return Err(format!(
-                            "{key}: {} is {other}, not a section",
-                            parts[..=i].join(".")
-                        ))
-                    }
-                };
-            }
-            i += 1;
-        }
-        t.insert(last.to_string(), value.clone());
-    }
-    Ok(())
 }
 
 /// Whether a variant still has to run.
