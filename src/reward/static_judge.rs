@@ -295,9 +295,15 @@ impl StaticJudge {
         }
     }
 
-    fn try_ruff(&self, code: &str) -> Result<Vec<Finding>, String> {
+    /// ruff's JSON findings on `targets` (`-` for stdin), or why it failed.
+    fn run_ruff(
+        &self,
+        targets: &[&str],
+        input: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, String> {
         let select = self.cfg.ruff_select.join(",");
-        let args = [
+        let mut args = vec![
             "check",
             "--isolated",
             "--no-cache",
@@ -305,12 +311,9 @@ impl StaticJudge {
             "json",
             "--select",
             &select,
-            "--stdin-filename",
-            STDIN_FILENAME,
-            "-",
         ];
-        let out =
-            run_tool(&self.ruff, &args, &[], code.as_bytes(), self.timeout).map_err(tool_error)?;
+        args.extend_from_slice(targets);
+        let out = run_tool(&self.ruff, &args, &[], input, timeout).map_err(tool_error)?;
         // 0: no findings, 1: findings; anything else is ruff's own failure.
         if !matches!(out.code, Some(0 | 1)) {
             return Err(format!(
@@ -319,7 +322,16 @@ impl StaticJudge {
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
-        let raw: Vec<RuffFinding> = serde_json::from_slice(&out.stdout)
+        Ok(out.stdout)
+    }
+
+    fn try_ruff(&self, code: &str) -> Result<Vec<Finding>, String> {
+        let stdout = self.run_ruff(
+            &["--stdin-filename", STDIN_FILENAME, "-"],
+            code.as_bytes(),
+            self.timeout,
+        )?;
+        let raw: Vec<RuffFinding> = serde_json::from_slice(&stdout)
             .map_err(|e| format!("ruff printed unreadable JSON: {e}"))?;
         Ok(raw
             .into_iter()
@@ -361,30 +373,12 @@ impl StaticJudge {
             std::fs::write(&p, code).map_err(|e| format!("{}: {e}", p.display()))?;
             paths.push(p.display().to_string());
         }
-        let select = self.cfg.ruff_select.join(",");
-        let mut args = vec![
-            "check",
-            "--isolated",
-            "--no-cache",
-            "--output-format",
-            "json",
-            "--select",
-            &select,
-            "--",
-        ];
-        args.extend(paths.iter().map(String::as_str));
+        let mut targets = vec!["--"];
+        targets.extend(paths.iter().map(String::as_str));
         // The per-code budget covers ruff's start; a batch's files are checked
         // in parallel, so a few of those budgets cover a whole batch.
-        let timeout = self.timeout * 4;
-        let out = run_tool(&self.ruff, &args, &[], &[], timeout).map_err(tool_error)?;
-        if !matches!(out.code, Some(0 | 1)) {
-            return Err(format!(
-                "ruff exited with {}: {}",
-                exit_code(out.code),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        let raw: Vec<RuffFileFinding> = serde_json::from_slice(&out.stdout)
+        let stdout = self.run_ruff(&targets, &[], self.timeout * 4)?;
+        let raw: Vec<RuffFileFinding> = serde_json::from_slice(&stdout)
             .map_err(|e| format!("ruff printed unreadable JSON: {e}"))?;
         let mut all = vec![Vec::new(); codes.len()];
         for f in raw {
